@@ -1,0 +1,5 @@
+import sys
+
+from mpifc.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""mpifc.analysis"""

@@ -1,0 +1,66 @@
+"""HDF5 persistence registry for density models (structure and parameters, never pickle).
+
+Every model class writes ``group.attrs["model_type"]`` in its ``save`` and registers a loader
+here with :func:`register_model`; :func:`load_model` dispatches on that attribute.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import h5py
+
+_LOADERS: dict[str, Callable[[h5py.Group], Any]] = {}
+
+
+def register_model(model_type: str, loader: Callable[[h5py.Group], Any]) -> None:
+    """Register ``loader(group) -> model`` for ``group.attrs["model_type"] == model_type``."""
+    _LOADERS[model_type] = loader
+
+
+def load_model(group: h5py.Group) -> Any:
+    """Rebuild the model stored in ``group`` by its ``model_type`` attribute."""
+    kind = group.attrs.get("model_type")
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if kind not in _LOADERS:
+        _import_builtin_models()
+    if kind not in _LOADERS:
+        raise ValueError(
+            f"{group.file.filename}:{group.name}: unknown model_type {kind!r} "
+            f"(known: {sorted(_LOADERS)})"
+        )
+    return _LOADERS[kind](group)
+
+
+def _import_builtin_models() -> None:
+    # Importing the model modules registers their loaders; done lazily to keep imports light.
+    import importlib
+
+    for mod in ("mpifc.circuit.spn", "mpifc.circuit.einet"):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass
+
+
+def save_model_file(model: Any, path: str | os.PathLike, group: str = "model") -> None:
+    """Save ``model`` to a new HDF5 file atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            model.save(f.create_group(group))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_model_file(path: str | os.PathLike, group: str = "model") -> Any:
+    with h5py.File(path, "r") as f:
+        return load_model(f[group])
