@@ -1,5 +1,7 @@
+"""``python -m mpifc``: the same as the ``mpifc`` console script."""
 import sys
 
 from mpifc.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

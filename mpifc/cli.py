@@ -1,10 +1,164 @@
-"""mpifc command line (placeholder until the foundation issue's CLI lands)."""
+"""The ``mpifc`` command line: ``info``, ``train``, ``evaluate``, ``bench``, ``experiment``.
+
+Run it under ``mpiexec`` for multi-rank jobs (``mpiexec -n 4 mpifc train ...``). Like
+``python -m mpi4py``, an uncaught exception on any rank aborts the whole job, printing the rank
+and the error; bad input is one line on stderr and exit code 2.
+
+Plugging in a subcommand: point its entry in :data:`HANDLERS` at ``"module:function"``; the
+function takes the parsed ``argparse.Namespace`` and returns an exit code. Its flags go in its
+``add_<command>_arguments`` function (and then work in config files too).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import runpy
 import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import mpifc
+from mpifc.errors import UserError
+
+# Each subcommand's handler as "module:function", imported only when that subcommand runs.
+HANDLERS: dict[str, str] = {
+    "info": "mpifc.runtime.info:info_main",
+    "train": "mpifc.cli:not_yet_available",       # -> "mpifc.runtime.fc_job:train_main"
+    "evaluate": "mpifc.cli:not_yet_available",    # -> "mpifc.runtime.fc_job:evaluate_main"
+    "bench": "mpifc.cli:bench_main",
+    "experiment": "mpifc.cli:not_yet_available",  # -> "mpifc.experiments.<...>:experiment_main"
+}
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "launch" / "bench"
 
 
-def main(argv=None) -> int:
-    print("mpifc: CLI not yet available", file=sys.stderr)
-    return 2
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags every MPI job has."""
+    p.add_argument("--config", metavar="FILE", help="TOML file whose keys mirror these flags (flags win)")
+    p.add_argument("--deadline", type=float, default=300.0, metavar="S",
+                   help="seconds any single send or receive may wait before the job aborts (default 300)")
+    p.add_argument("--device", default="auto", metavar="DEV",
+                   help="auto (cuda:(local_rank %% n_gpus) if CUDA, else cpu), cpu, cuda or cuda:N")
+
+
+def add_ledger_arguments(p: argparse.ArgumentParser) -> None:
+    """Where rank 0 writes the communication ledger."""
+    p.add_argument("--ledger-csv", metavar="FILE", help="per-message CSV (one row per message)")
+    p.add_argument("--summary-csv", metavar="FILE", help="per-link / per-phase / per-kind totals CSV")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``mpifc train`` (extended by the federated-training issue)."""
+    add_job_arguments(p)
+    add_ledger_arguments(p)
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same model)")
+    p.add_argument("--out", metavar="FILE", help="where to write the trained model (HDF5)")
+
+
+def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``mpifc evaluate`` (extended by the federated-training issue)."""
+    add_job_arguments(p)
+    add_ledger_arguments(p)
+    p.add_argument("--model", metavar="FILE", help="a trained model (HDF5)")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+
+
+def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``mpifc experiment`` (extended by the experiments issue)."""
+    add_job_arguments(p)
+    add_ledger_arguments(p)
+    p.add_argument("--out", metavar="DIR", help="where results are written")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's parser by name."""
+    parser = argparse.ArgumentParser(prog="mpifc", description="Federated probabilistic circuits on MPI.")
+    parser.add_argument("--version", action="version", version=f"mpifc {mpifc.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subs = {
+        "info": sub.add_parser("info", help="MPI library, ranks, devices and package versions"),
+        "train": sub.add_parser("train", help="train a federated circuit"),
+        "evaluate": sub.add_parser("evaluate", help="evaluate a trained federated circuit"),
+        "bench": sub.add_parser("bench", help="run a benchmark from launch/bench/"),
+        "experiment": sub.add_parser("experiment", help="run a paper experiment"),
+    }
+    add_job_arguments(subs["info"])
+    add_train_arguments(subs["train"])
+    add_evaluate_arguments(subs["evaluate"])
+    add_experiment_arguments(subs["experiment"])
+    subs["bench"].add_argument("name", help="benchmark name: a file launch/bench/<name>.py")
+    subs["bench"].add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    return parser, subs
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; values from ``--config`` fill in flags not given on the command line."""
+    parser, subs = build_parser()
+    args = parser.parse_args(argv)
+    path = getattr(args, "config", None)
+    if path:
+        from mpifc.config import config_defaults
+
+        configurable = {k: v for k, v in subs.items() if k != "bench"}
+        subs[args.command].set_defaults(**config_defaults(path, configurable, args.command))
+        args = parser.parse_args(argv)
+    return args
+
+
+def resolve_handler(command: str) -> Callable[[argparse.Namespace], int | None]:
+    """Import the handler named in :data:`HANDLERS`."""
+    module, _, func = HANDLERS[command].partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def not_yet_available(args: argparse.Namespace) -> int:
+    """Placeholder for subcommands whose issue has not landed."""
+    raise UserError(f"mpifc {args.command}: not yet available in mpifc {mpifc.__version__}")
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    """Run ``launch/bench/<name>.py`` (from a source checkout) with the remaining arguments."""
+    script = BENCH_DIR / f"{args.name}.py"
+    if not script.is_file():
+        have = sorted(p.stem for p in BENCH_DIR.glob("*.py")) if BENCH_DIR.is_dir() else []
+        raise UserError(f"mpifc bench: no benchmark {args.name!r} in {BENCH_DIR}"
+                        + (f"; available: {', '.join(have)}" if have else " (benchmarks need a source checkout)"))
+    saved = sys.argv
+    sys.argv = [str(script), *args.bench_args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit code (aborts the MPI job on any rank's failure)."""
+    try:
+        args = parse_args(argv)
+        return int(resolve_handler(args.command)(args) or 0)
+    except SystemExit as e:
+        # argparse's own errors and --help: every rank parsed the same argv, so all exit alike.
+        if e.code in (None, 0) or not _mpi_running_multi():
+            raise
+        _abort(e)
+    except BaseException as e:  # noqa: BLE001 - any failure must end the whole job
+        _abort(e)
+    return 1
+
+
+def _mpi_running_multi() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return bool(mpi and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1)
+
+
+def _abort(exc: BaseException) -> Any:
+    from mpifc.runtime.failure import abort_job
+
+    abort_job(exc)
 
 
 if __name__ == "__main__":

@@ -1,1 +1,41 @@
-"""mpifc.runtime"""
+"""mpifc.runtime: MPI actors, byte-counted transport, communication ledger, fail-fast jobs.
+
+Modules (one reason to change each):
+  kinds      registry of named message kinds and their payload classes (ids = MPI tags)
+  wire       the typed header that precedes every payload
+  transport  send/recv of arrays, tensors and small objects, with deadlines
+  ledger     one row per message; gathered to rank 0; CSV and per-link/phase summaries
+  job        run_job(main): communicator, ledger, transport, roles, device, fail-fast
+  actor      dispatch loop: handlers per message kind, clean shutdown
+  roles      server and client ranks
+  device     cuda:(local_rank % n_gpus) or cpu
+  launcher   detects an mpiexec that does not match mpi4py's MPI
+  failure    error reporting and MPI_Abort
+  info       the `mpifc info` job
+
+Names below are imported lazily so ``import mpifc.runtime`` does not start MPI.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MessageKind": "kinds", "register_kind": "kinds", "kind_by_id": "kinds", "kind_by_name": "kinds",
+    "PAYLOAD_CLASSES": "kinds",
+    "CommLedger": "ledger", "LedgerTable": "ledger", "LedgerSummary": "ledger",
+    "Transport": "transport", "DeadlineExceeded": "transport",
+    "JobContext": "job", "run_job": "job",
+    "Actor": "actor", "actor_stop": "actor",
+    "Roles": "roles",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'mpifc.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"mpifc.runtime.{mod}"), name)
+
+
+__all__ = sorted(_EXPORTS)

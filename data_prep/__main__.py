@@ -1,0 +1,6 @@
+"""``python -m data_prep``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,125 @@
+"""``python -m data_prep``: a dataset into per-client HDF5 shards (see ``shards.py``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mpifc.errors import UserError
+
+from .datasets import DATASETS, default_data_root
+from .partition import SETTINGS, SPLITS
+from .preprocess import ENCODINGS
+from .prepare import PrepConfig, prepare
+from .shards import write_shards
+
+
+def _label_owner(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a client index or 'all', not {text!r}")
+
+
+def _patches(text: str) -> tuple[int, int]:
+    rows, sep, cols = text.lower().partition("x")
+    try:
+        return int(rows), int(cols)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 2x2, not {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m data_prep",
+        description="Turn a dataset into one HDF5 shard per client, a held-out test set and "
+                    "a manifest (format mpifc-shards/1).")
+    p.add_argument("--list", action="store_true", help="list the datasets and exit")
+    p.add_argument("--dataset", default="breast-cancer",
+                   help="dataset name (debd:SET for a DEBD set); default breast-cancer")
+    p.add_argument("--path", help="the dataset's file or folder (default: under the data root)")
+    p.add_argument("--data-root", help="data root (default: $MPIFC_DATA, else "
+                                       "<repo>/../shared/data)")
+    p.add_argument("--setting", choices=SETTINGS, default="horizontal")
+    p.add_argument("--clients", type=int, default=2, help="number of clients (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", choices=SPLITS, default="iid",
+                   help="how samples are split in horizontal and hybrid settings")
+    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
+    p.add_argument("--label-owner", type=_label_owner, default=None,
+                   help="client holding the target, or 'all' (vertical default 0, else all)")
+    p.add_argument("--encode", choices=ENCODINGS, default="target",
+                   help="categoricals: target-encoded floats, or integer codes (none)")
+    p.add_argument("--no-impute", dest="impute", action="store_false",
+                   help="keep missing values as NaN instead of imputing the train median")
+    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=None,
+                   help="standardize numeric features (default: on for tables, off for "
+                        "images and binary sets)")
+    p.add_argument("--test-fraction", type=float, default=None,
+                   help="hold out this stratified fraction (default: the dataset's own test "
+                        "split, else 0.2)")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="stratified deterministic subsample of the dataset first")
+    p.add_argument("--shared-features", type=int, default=None,
+                   help="hybrid tables: features shared by all clients (default d/4)")
+    p.add_argument("--patches", type=_patches, default=None,
+                   help="images: patch grid ROWSxCOLS (must give --clients patches)")
+    p.add_argument("--overlap", type=int, default=2,
+                   help="hybrid images: pixels shared by neighbouring patches (default 2)")
+    p.add_argument("--segment", action="append", default=[], metavar="PREDICATE",
+                   help="--split segment: one per client, e.g. 'education in Bachelors,Masters'")
+    p.add_argument("--oversample", type=float, default=4.0,
+                   help="--split segment: weight of a matching row for its client (default 4)")
+    p.add_argument("--out", help="output directory (replaced atomically)")
+    return p
+
+
+def list_datasets(out=None) -> None:
+    """Print the registry: name, what it is, where it is looked for and where to get it."""
+    out = sys.stdout if out is None else out
+    root = default_data_root()
+    for info in DATASETS.values():
+        where = "embedded" if info.folder is None and info.name != "csv" else (
+            "--path FILE" if info.folder is None else str(root / info.folder))
+        found = "" if info.folder is None else (
+            "  [found]" if (root / info.folder).exists() else "  [missing]")
+        print(f"{info.name:14s} {info.summary}\n{'':14s} location: {where}{found}; "
+              f"source: {info.source}", file=out)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run; UserError propagates to :func:`main`."""
+    args = build_parser().parse_args(argv)
+    if args.list:
+        list_datasets()
+        return 0
+    if not args.out:
+        raise UserError("--out DIR is required (or use --list)")
+    config = PrepConfig(dataset=args.dataset, path=args.path, data_root=args.data_root,
+                        setting=args.setting, clients=args.clients, seed=args.seed,
+                        split=args.split, alpha=args.alpha, label_owner=args.label_owner,
+                        encode=args.encode, impute=args.impute, standardize=args.standardize,
+                        test_fraction=args.test_fraction, max_rows=args.max_rows,
+                        shared_features=args.shared_features, patches=args.patches,
+                        overlap=args.overlap, segments=tuple(args.segment),
+                        oversample=args.oversample)
+    prepared = prepare(**{f: getattr(config, f) for f in config.__dataclass_fields__})
+    manifest = write_shards(prepared, Path(args.out))
+    for c in manifest.clients:
+        print(f"client {c['index']}: {c['n_train']} train rows, {c['n_test']} test rows, "
+              f"{len(c['features'])} features")
+    print(f"wrote {manifest.n_clients} shards and {manifest.test['file']} "
+          f"({manifest.test['n']} rows) to {manifest.directory}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the exit code (2 with a one-line message on bad input)."""
+    try:
+        return run(argv)
+    except UserError as exc:
+        message = " ".join(str(exc).split())
+        print(f"data_prep: error: {message}", file=sys.stderr)
+        return exc.exit_code

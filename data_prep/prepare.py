@@ -1,0 +1,272 @@
+"""The pipeline: load -> subsample -> train/test split -> fit preprocessing -> partition.
+
+``prepare(...)`` returns a :class:`PreparedData` that builds each client's shard in memory on
+demand; ``shards.write_shards(prepared, out_dir)`` writes them. Tests and experiments use
+these two calls directly; the CLI is a thin layer over them.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from mpifc.errors import UserError
+
+from .datasets import load_dataset
+from .partition import Partition, PartitionSpec, make_partition, stage_rng
+from .preprocess import Preprocessor
+from .segments import segment_weights
+from .shards import ClientShard, TestSet
+from .table import RawTable
+
+DEFAULT_TEST_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class PrepConfig:
+    """Every knob of ``python -m data_prep`` (see ``cli.py`` for their meaning)."""
+
+    dataset: str = "breast-cancer"
+    path: str | None = None
+    data_root: str | None = None
+    setting: str = "horizontal"
+    clients: int = 2
+    seed: int = 0
+    split: str = "iid"
+    alpha: float = 0.5
+    label_owner: int | str | None = None
+    encode: str = "target"
+    impute: bool = True
+    standardize: bool | None = None
+    test_fraction: float | None = None
+    max_rows: int | None = None
+    shared_features: int | None = None
+    patches: tuple[int, int] | None = None
+    overlap: int = 2
+    segments: tuple[str, ...] = field(default_factory=tuple)
+    oversample: float = 4.0
+
+    def partition_spec(self) -> PartitionSpec:
+        return PartitionSpec(setting=self.setting, n_clients=self.clients, seed=self.seed,
+                             split=self.split, alpha=self.alpha, label_owner=self.label_owner,
+                             shared_features=self.shared_features, patches=self.patches,
+                             overlap=self.overlap)
+
+
+def stratified_pick(groups: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``k`` positions drawn without replacement, each group represented in proportion.
+
+    Counts per group are the largest-remainder rounding of ``k * share``.
+
+    Args:
+        groups: ``(n,)`` integer group of each position.
+        k: how many to pick, ``0 <= k <= n``.
+
+    Returns:
+        ``(k,)`` sorted positions.
+    """
+    values, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    exact = counts * (k / groups.size)
+    take = np.floor(exact).astype(np.int64)
+    short = k - int(take.sum())
+    if short:
+        order = np.lexsort((np.arange(values.size), -(exact - take)))
+        take[order[:short]] += 1
+    picked = [rng.choice(np.flatnonzero(inverse == g), size=int(t), replace=False)
+              for g, t in enumerate(take) if t]
+    return np.sort(np.concatenate(picked)) if picked else np.empty(0, np.int64)
+
+
+def _groups(table: RawTable) -> np.ndarray:
+    """Strata for subsampling: own split x class (classes alone if no own split)."""
+    g = np.zeros(table.n_rows, dtype=np.int64) if table.y is None else table.y.copy()
+    if table.own_test is not None:
+        g = g * 2 + table.own_test
+    return g
+
+
+def split_train_test(table: RawTable, test_fraction: float | None, seed: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test row positions.
+
+    The dataset's own split is used unless ``test_fraction`` is given; otherwise a
+    stratified ``test_fraction`` (default 0.2) of the rows is held out.
+    """
+    if test_fraction is None and table.own_test is not None:
+        return np.flatnonzero(~table.own_test), np.flatnonzero(table.own_test)
+    frac = DEFAULT_TEST_FRACTION if test_fraction is None else test_fraction
+    if not 0 < frac < 1:
+        raise UserError(f"--test-fraction must be between 0 and 1, got {frac}")
+    groups = np.zeros(table.n_rows, np.int64) if table.y is None else table.y
+    test = stratified_pick(groups, int(round(frac * table.n_rows)), stage_rng(seed, 7))
+    mask = np.zeros(table.n_rows, dtype=bool)
+    mask[test] = True
+    return np.flatnonzero(~mask), test
+
+
+def _target_meta(table: RawTable) -> dict:
+    k = len(table.classes)
+    return {"meta_type": "discrete" if k == 2 else "categorical",
+            "raw_meta_type": "categorical", "n_categories": k}
+
+
+class PreparedData:
+    """A dataset ready to shard: fitted preprocessing plus the partition.
+
+    Attributes:
+        config: the settings used.
+        table: the raw (subsampled) table.
+        preprocessor: fitted on ``train_rows`` only.
+        partition: the clients' rows and features.
+        train_rows, test_rows: table positions of the train and test rows.
+        missing: feature -> ``{"train": count, "test": count}`` of missing values before
+            imputation (features without any are left out).
+    """
+
+    def __init__(self, config: PrepConfig, table: RawTable, preprocessor: Preprocessor,
+                 partition: Partition, train_rows: np.ndarray, test_rows: np.ndarray,
+                 missing: dict[str, dict[str, int]], segment_info: list[dict] | None) -> None:
+        self.config = config
+        self.table = table
+        self.preprocessor = preprocessor
+        self.partition = partition
+        self.train_rows = train_rows
+        self.test_rows = test_rows
+        self.missing = missing
+        self.segment_info = segment_info
+        self.n_clients = len(partition.clients)
+        self._col = {name: j for j, name in enumerate(table.features)}
+
+    @property
+    def feature_order(self) -> list[str]:
+        """All output columns: features in canonical order, then the target."""
+        return list(self.table.features) + ([self.table.target] if self.table.target else [])
+
+    def feature_meta(self) -> dict[str, dict]:
+        """Name -> ``{"meta_type", "raw_meta_type", "n_categories"}`` of every output column."""
+        meta = {}
+        for name, col in zip(self.table.features, self.preprocessor.columns):
+            meta[name] = {"meta_type": col.meta_type, "raw_meta_type": col.raw_meta_type,
+                          "n_categories": col.n_categories}
+        if self.table.target:
+            meta[self.table.target] = _target_meta(self.table)
+        return meta
+
+    def _block(self, rows: np.ndarray, names: list[str]) -> np.ndarray:
+        """Transformed ``(len(rows), len(names))`` float64; the target column as class codes."""
+        t = self.table
+        feats = [n for n in names if n != t.target]
+        cols = [self._col[n] for n in feats]
+        out = np.empty((rows.size, len(names)), dtype=np.float64)
+        if cols:
+            whole = cols == list(range(len(t.features)))
+            raw = t.x[rows] if whole else t.x[np.ix_(rows, cols)]
+            out[:, :len(cols)] = self.preprocessor.transform(raw, columns=cols)
+        if len(feats) < len(names):
+            # the target is always last (see partition.make_partition)
+            out[:, -1] = t.y[rows]
+        return out
+
+    def client_shard(self, index: int) -> ClientShard:
+        """Client ``index``'s shard, built in memory (float64 arrays)."""
+        part = self.partition.clients[index]
+        names = list(part.features)
+        meta = self.feature_meta()
+        return ClientShard(index=index, features=names,
+                           meta_types=[meta[n]["meta_type"] for n in names],
+                           x_train=self._block(part.train_rows, names),
+                           ids_train=self.table.ids[part.train_rows],
+                           x_test=self._block(part.test_rows, names),
+                           ids_test=self.table.ids[part.test_rows])
+
+    def test_set(self) -> TestSet:
+        """The whole held-out test set over :attr:`feature_order`."""
+        names = self.feature_order
+        return TestSet(features=names, x=self._block(self.test_rows, names),
+                       ids=self.table.ids[self.test_rows])
+
+    def manifest_fields(self) -> dict:
+        """Every manifest field except the per-file entries (see ``shards``)."""
+        t, c = self.table, self.config
+        pre = self.preprocessor.to_json()
+        pre["missing"] = self.missing
+        info = dict(self.partition.info)
+        if self.segment_info is not None:
+            info["segments"] = self.segment_info
+        fields = {"dataset": t.name, "setting": c.setting, "split": c.split, "seed": c.seed,
+                  "target": t.target, "classes": t.classes, "features": self.feature_meta(),
+                  "feature_order": self.feature_order, "preprocessing": pre,
+                  "label_owner": info.pop("label_owner"), "partition": info,
+                  "n_train": int(self.train_rows.size), "n_test": int(self.test_rows.size),
+                  "source": {"files": t.source_files, "splits": t.source_splits},
+                  "config": _json_config(c)}
+        if t.image_shape is not None:
+            fields["image"] = {"shape": list(t.image_shape), **(t.pixel or {})}
+        return fields
+
+
+def _json_config(config: PrepConfig) -> dict:
+    d = asdict(config)
+    d["segments"] = list(config.segments)
+    d["patches"] = None if config.patches is None else list(config.patches)
+    return d
+
+
+def _missing_counts(table: RawTable, train: np.ndarray, test: np.ndarray
+                    ) -> dict[str, dict[str, int]]:
+    if not np.issubdtype(table.x.dtype, np.floating):
+        return {}
+    nan_train = np.isnan(table.x[train]).sum(axis=0)
+    nan_test = np.isnan(table.x[test]).sum(axis=0)
+    return {name: {"train": int(a), "test": int(b)}
+            for name, a, b in zip(table.features, nan_train, nan_test) if a or b}
+
+
+def prepare_table(table: RawTable, config: PrepConfig) -> PreparedData:
+    """Run the pipeline on an already loaded table (see :func:`prepare`)."""
+    if config.max_rows is not None:
+        if config.max_rows < 1:
+            raise UserError(f"--max-rows must be >= 1, got {config.max_rows}")
+        if config.max_rows < table.n_rows:
+            table = table.take(stratified_pick(_groups(table), config.max_rows,
+                                               stage_rng(config.seed, 6)))
+    train, test = split_train_test(table, config.test_fraction, config.seed)
+    if train.size == 0:
+        raise UserError(f"{table.name}: no training rows left (raise --max-rows)")
+    standardize = table.standardize_default if config.standardize is None else config.standardize
+    pre = Preprocessor.fit(table, train, encode=config.encode, impute=config.impute,
+                           standardize=standardize)
+    weights = matches = None
+    if config.split == "segment" and config.setting in ("horizontal", "hybrid"):
+        weights, matches = segment_weights(list(config.segments), table, config.clients,
+                                           config.oversample)
+    elif config.segments:
+        raise UserError("--segment is only used with --split segment")
+    partition = make_partition(config.partition_spec(), train, test, list(table.features),
+                               table.target, labels=table.y, image_shape=table.image_shape,
+                               segment_weights=weights)
+    segment_info = None
+    if matches is not None:
+        segment_info = [{"predicate": text, "oversample": config.oversample,
+                         "rate_in_train": round(float(matches[train, i].mean()), 6),
+                         "rate_on_client": round(float(
+                             matches[partition.clients[i].train_rows, i].mean()), 6)}
+                        for i, text in enumerate(config.segments)]
+    return PreparedData(config, table, pre, partition, train, test,
+                        _missing_counts(table, train, test), segment_info)
+
+
+def prepare(**kwargs) -> PreparedData:
+    """Load a dataset and prepare it; keyword arguments are :class:`PrepConfig`'s fields.
+
+    Example:
+        ``prepare(dataset="adult", setting="hybrid", clients=3, seed=0, max_rows=2000)``
+
+    Raises:
+        UserError: any bad input (unknown dataset, missing file, impossible split, ...).
+    """
+    if "segments" in kwargs:
+        kwargs["segments"] = tuple(kwargs["segments"])
+    config = PrepConfig(**kwargs)
+    table = load_dataset(config.dataset, config.path, config.data_root)
+    return prepare_table(table, config)

@@ -1,0 +1,225 @@
+"""Leak-free preprocessing as in the paper's appendix E.1: target encoding of categoricals,
+median imputation, standardization.
+
+Every statistic is fitted on the training rows only; the test rows are only ever transformed.
+The fitted transform is a set of plain lookup tables and numbers, so it can be written to the
+manifest and applied shard by shard without holding a float copy of the whole dataset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpifc.errors import UserError
+
+from .table import RawTable
+
+ENCODINGS = ("target", "none")
+_CHUNK = 4096  # rows converted to float64 at a time while fitting (bounds peak memory)
+
+
+@dataclass
+class ColumnTransform:
+    """The fitted transform of one feature: ``out = (encode_impute(raw) - mean) / std``.
+
+    Attributes:
+        raw_meta_type: meta-type in the source data.
+        meta_type: meta-type of the transformed values.
+        n_categories: categories of a categorical feature kept as codes, else None.
+        lookup: for target-encoded columns, ``(k + 1,)`` values by code; the last entry is
+            the value of a missing category.
+        impute: value that replaces NaN, or None (no imputation, or nothing can be missing).
+        mean, std: standardization, or None.
+    """
+
+    raw_meta_type: str
+    meta_type: str
+    n_categories: int | None = None
+    lookup: np.ndarray | None = None
+    impute: float | None = None
+    mean: float | None = None
+    std: float | None = None
+
+
+class Preprocessor:
+    """A fitted column-wise transform from raw table values to shard values.
+
+    Build it with :meth:`fit`; apply it to any rows with :meth:`transform`.
+    """
+
+    def __init__(self, features: list[str], columns: list[ColumnTransform], *, encode: str,
+                 impute: bool, standardize: bool, n_fit_rows: int,
+                 categories: dict[str, list[str]]) -> None:
+        self.features = features
+        self.columns = columns
+        self.encode = encode
+        self.impute = impute
+        self.standardize = standardize
+        self.n_fit_rows = n_fit_rows
+        self.categories = categories
+
+    # ------------------------------------------------------------------ fitting
+    @classmethod
+    def fit(cls, table: RawTable, train_rows: np.ndarray, *, encode: str = "target",
+            impute: bool = True, standardize: bool = True) -> "Preprocessor":
+        """Fit on ``table.x[train_rows]`` (and ``table.y[train_rows]`` for target encoding).
+
+        Args:
+            table: the raw table; only its ``train_rows`` are looked at.
+            train_rows: ``(n_train,)`` row positions.
+            encode: ``"target"`` (sklearn TargetEncoder, binary targets) or ``"none"``
+                (categoricals stay integer codes).
+            impute: replace missing values by the train median (categorical codes: the most
+                frequent code; target-encoded columns encode missing as a category).
+            standardize: zero mean, unit variance per numeric column (constant columns get
+                ``std = 1``).
+
+        Raises:
+            UserError: target encoding asked for without a binary target.
+        """
+        if encode not in ENCODINGS:
+            raise UserError(f"--encode must be one of {', '.join(ENCODINGS)}, not {encode!r}")
+        train_rows = np.asarray(train_rows, dtype=np.int64)
+        columns = [ColumnTransform(raw_meta_type=m, meta_type=m) for m in table.meta_types]
+        cat_idx = [j for j, m in enumerate(table.meta_types) if m == "categorical"]
+        for j in cat_idx:
+            columns[j].n_categories = len(table.categories[table.features[j]])
+        if encode == "target" and cat_idx:
+            _fit_target_encoding(table, train_rows, cat_idx, columns)
+        may_be_missing = np.issubdtype(table.x.dtype, np.floating)
+        if impute and may_be_missing:
+            for j, col in enumerate(columns):
+                if col.lookup is not None:
+                    continue
+                values = table.x[train_rows, j]
+                seen = values[~np.isnan(values)]
+                if seen.size == 0:
+                    raise UserError(f"{table.name}: feature {table.features[j]!r} has no "
+                                    "observed value in the training rows")
+                if col.raw_meta_type == "categorical":
+                    col.impute = float(np.bincount(seen.astype(np.int64)).argmax())
+                else:
+                    col.impute = float(np.median(seen))
+        pre = cls(list(table.features), columns, encode=encode, impute=impute,
+                  standardize=standardize, n_fit_rows=int(train_rows.size),
+                  categories=table.categories)
+        if standardize:
+            scaled = [j for j, c in enumerate(columns) if c.meta_type != "categorical"]
+            mean, var = _column_moments(pre, table.x, train_rows, scaled)
+            for k, j in enumerate(scaled):
+                columns[j].mean = float(mean[k])
+                # a constant column stays constant (0) instead of dividing by zero
+                columns[j].std = float(np.sqrt(var[k])) if var[k] > 0 else 1.0
+                columns[j].meta_type = "real"
+        return pre
+
+    # ------------------------------------------------------------------ applying
+    def transform(self, x: np.ndarray, *, columns: list[int] | None = None,
+                  scale: bool = True) -> np.ndarray:
+        """Transform raw rows into float64.
+
+        Args:
+            x: ``(m, D)`` raw values over :attr:`features`, any numeric dtype; or, with
+                ``columns``, ``(m, len(columns))`` raw values of just those features.
+            columns: positions (into :attr:`features`) of the columns in ``x``.
+            scale: apply standardization (False gives the encoded, imputed values).
+
+        Returns:
+            ``x``'s shape, float64.
+        """
+        cols = [self.columns[j] for j in columns] if columns is not None else self.columns
+        out = np.array(x, dtype=np.float64, copy=True)
+        for k, col in enumerate(cols):
+            if col.lookup is not None:
+                codes = out[:, k]
+                idx = np.where(np.isnan(codes), col.lookup.size - 1, codes).astype(np.int64)
+                out[:, k] = col.lookup[idx]
+            elif col.impute is not None:
+                column = out[:, k]
+                column[np.isnan(column)] = col.impute
+        if scale and self.standardize:
+            idx = [k for k, c in enumerate(cols) if c.mean is not None]
+            if idx:
+                mean = np.array([cols[k].mean for k in idx])
+                std = np.array([cols[k].std for k in idx])
+                if len(idx) == out.shape[1]:
+                    out -= mean  # in place: image shards are the largest arrays we build
+                    out /= std
+                else:
+                    out[:, idx] = (out[:, idx] - mean) / std
+        return out
+
+    @property
+    def meta_types(self) -> list[str]:
+        """Meta-type of each transformed column."""
+        return [c.meta_type for c in self.columns]
+
+    def to_json(self) -> dict:
+        """The fitted parameters, JSON-ready (for ``manifest["preprocessing"]``)."""
+        cols = {}
+        for name, col in zip(self.features, self.columns):
+            entry: dict = {"raw_meta_type": col.raw_meta_type, "meta_type": col.meta_type}
+            if col.lookup is not None:
+                labels = self.categories[name]
+                entry["encoding"] = {lab: float(col.lookup[c]) for c, lab in enumerate(labels)}
+                entry["encoding_missing"] = float(col.lookup[-1])
+            if col.impute is not None:
+                entry["impute"] = col.impute
+            if col.mean is not None:
+                entry["mean"], entry["std"] = col.mean, col.std
+            cols[name] = entry
+        return {"encode": self.encode, "impute": self.impute, "standardize": self.standardize,
+                "fitted_on": "train", "n_fit_rows": self.n_fit_rows, "columns": cols}
+
+
+def _fit_target_encoding(table: RawTable, train_rows: np.ndarray, cat_idx: list[int],
+                         columns: list[ColumnTransform]) -> None:
+    """sklearn's TargetEncoder, fitted on the train rows, frozen into lookup tables.
+
+    ``fit`` then a lookup (not ``fit_transform``'s cross-fitting) so that one category always
+    maps to one value in train and test alike, which a density model needs.
+    """
+    from sklearn.preprocessing import TargetEncoder
+
+    if table.y is None or table.classes is None or len(table.classes) != 2:
+        raise UserError(f"{table.name}: --encode target needs a binary target "
+                        f"({'none' if table.y is None else len(table.classes)} classes); "
+                        "use --encode none")
+    xc = table.x[np.ix_(train_rows, cat_idx)]
+    encoder = TargetEncoder(target_type="binary").fit(xc, table.y[train_rows])
+    for k, j in enumerate(cat_idx):
+        n_cat = columns[j].n_categories
+        lookup = np.full(n_cat + 1, encoder.target_mean_, dtype=np.float64)
+        for value, enc in zip(encoder.categories_[k], encoder.encodings_[k]):
+            lookup[n_cat if np.isnan(value) else int(value)] = enc
+        columns[j].lookup = lookup
+        columns[j].meta_type = "real"
+        columns[j].n_categories = None
+
+
+def _column_moments(pre: Preprocessor, x: np.ndarray, rows: np.ndarray, cols: list[int]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population variance of the encoded, imputed columns ``cols`` over ``rows``.
+
+    NaN (left when imputation is off) is skipped. Chunks are merged with Chan et al.'s
+    pairwise update, which stays accurate for large values (``fnlwgt`` ~ 1e6) where a
+    sum of squares would cancel.
+    """
+    n = np.zeros(len(cols))
+    mean = np.zeros(len(cols))
+    m2 = np.zeros(len(cols))
+    for lo in range(0, rows.size, _CHUNK):
+        chunk = pre.transform(x[rows[lo:lo + _CHUNK]], scale=False)[:, cols]
+        seen = ~np.isnan(chunk)
+        k = seen.sum(axis=0).astype(np.float64)
+        safe_k = np.maximum(k, 1.0)
+        c_mean = np.where(seen, chunk, 0.0).sum(axis=0) / safe_k
+        c_m2 = np.where(seen, (chunk - c_mean) ** 2, 0.0).sum(axis=0)
+        total = n + k
+        safe_total = np.maximum(total, 1.0)
+        delta = c_mean - mean
+        mean = mean + delta * (k / safe_total)
+        m2 = m2 + c_m2 + delta ** 2 * (n * k / safe_total)
+        n = total
+    return mean, m2 / np.maximum(n, 1.0)

@@ -1,0 +1,318 @@
+"""The shard format ``mpifc-shards/1``: the contract between data_prep and the runtime.
+
+A shard directory ``DIR`` holds::
+
+    DIR/manifest.json     written last; describes and checksums everything else
+    DIR/client-<i>.h5     one per client, i = 0..n_clients-1
+    DIR/test.h5           the full held-out test set
+
+``manifest.json``::
+
+    {"format": "mpifc-shards/1", "dataset": "adult", "setting": "hybrid", "split": "iid",
+     "seed": 0, "n_clients": 3,
+     "target": "income" | null, "classes": ["<=50K", ">50K"] | null,
+     "features": {name: {"meta_type": "real"|"discrete"|"categorical",
+                         "raw_meta_type": ..., "n_categories": k | null}},
+     "feature_order": [every name, canonical order, target last],
+     "clients": [{"index": i, "file": "client-<i>.h5", "features": [names, column order],
+                  "n_train": n, "n_test": m, "sha256": hex}],
+     "test": {"file": "test.h5", "n": m, "sha256": hex},
+     "label_owner": 0 | "all",
+     "preprocessing": {"encode", "impute", "standardize", "fitted_on": "train",
+                       "n_fit_rows", "columns": {name: {"meta_type", "raw_meta_type",
+                       "encoding"?, "encoding_missing"?, "impute"?, "mean"?, "std"?}},
+                       "missing": {name: {"train": count, "test": count}}},
+     "partition": {...how rows and features were drawn...},
+     "source": {"files": [...], "splits": {"train": [lo, hi), ...}},
+     "image": {"shape": [h, w], "levels": L, "file_scale": s} (images only),
+     "config": {...every prepare() argument...}}
+
+``client-<i>.h5``: datasets ``train/x`` float64 ``(n_train, d_i)`` (NaN = missing, only when
+imputation is off), ``train/ids`` int64 ``(n_train,)`` global sample ids, ascending (vertical
+clients hold the same ids in the same order), ``test/x`` float64 ``(n_test, d_i)`` (the
+client's held-out rows, its own features only), ``test/ids`` int64 ``(n_test,)``; attributes
+``features`` and ``meta_types`` (JSON lists), ``client_index`` and ``format``.
+
+``test.h5``: ``x`` float64 ``(n, D)`` over ``feature_order`` and ``ids`` int64 ``(n,)``.
+
+The target is an ordinary column holding class codes ``0..k-1`` (never encoded or scaled);
+its meta-type is ``discrete`` for two classes, else ``categorical``. Standardized values map
+back to the source scale as ``raw = x * std + mean`` (``preprocessing.columns``); image
+pixels are levels ``0..L-1`` that were ``level * file_scale`` in the source file.
+
+A client rank reads only its own shard with :func:`read_client`; any missing, malformed or
+altered file raises :class:`mpifc.errors.UserError` naming the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import h5py
+import numpy as np
+
+from mpifc.errors import UserError
+
+FORMAT = "mpifc-shards/1"
+MANIFEST = "manifest.json"
+TEST_FILE = "test.h5"
+_REQUIRED = ("format", "dataset", "setting", "split", "seed", "n_clients", "target", "classes",
+             "features", "feature_order", "clients", "test", "preprocessing", "label_owner")
+
+
+@dataclass
+class ClientShard:
+    """One client's data. ``x_*`` are float64 ``(n, len(features))``, ``ids_*`` int64 ``(n,)``."""
+
+    index: int
+    features: list[str]
+    meta_types: list[str]
+    x_train: np.ndarray
+    ids_train: np.ndarray
+    x_test: np.ndarray
+    ids_test: np.ndarray
+
+
+@dataclass
+class TestSet:
+    """The held-out test set: ``x`` float64 ``(n, D)`` over ``features``, ``ids`` ``(n,)``."""
+
+    features: list[str]
+    x: np.ndarray
+    ids: np.ndarray
+
+
+@dataclass
+class Manifest:
+    """A parsed ``manifest.json``; ``raw`` keeps every key, the fields the common ones."""
+
+    directory: Path
+    dataset: str
+    setting: str
+    split: str
+    seed: int
+    n_clients: int
+    target: str | None
+    classes: list | None
+    features: dict[str, dict]
+    feature_order: list[str]
+    clients: list[dict]
+    test: dict
+    preprocessing: dict
+    label_owner: int | str
+    raw: dict
+
+    def meta_types(self, names: list[str]) -> list[str]:
+        """Meta-types of ``names``."""
+        return [self.features[n]["meta_type"] for n in names]
+
+
+class ShardSource(Protocol):
+    """What :func:`write_shards` needs (``prepare.PreparedData`` provides it)."""
+
+    n_clients: int
+
+    def client_shard(self, index: int) -> ClientShard: ...
+
+    def test_set(self) -> TestSet: ...
+
+    def manifest_fields(self) -> dict: ...
+
+
+# --------------------------------------------------------------------------- writing
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_h5(path: Path, arrays: dict[str, np.ndarray], attrs: dict) -> None:
+    # track_times off: the same data must give the same bytes, hence the same checksum
+    with h5py.File(path, "w") as f:
+        for name, arr in arrays.items():
+            f.create_dataset(name, data=arr, track_times=False)
+        for key, value in attrs.items():
+            f.attrs[key] = value
+
+
+def write_client(path: Path, shard: ClientShard) -> None:
+    """Write one client's HDF5 file (see the module docstring for its layout)."""
+    _write_h5(path, {"train/x": shard.x_train.astype(np.float64, copy=False),
+                     "train/ids": shard.ids_train.astype(np.int64, copy=False),
+                     "test/x": shard.x_test.astype(np.float64, copy=False),
+                     "test/ids": shard.ids_test.astype(np.int64, copy=False)},
+              {"features": json.dumps(shard.features), "meta_types": json.dumps(shard.meta_types),
+               "client_index": shard.index, "format": FORMAT})
+
+
+def _prepare_target_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise UserError(f"{out}: not empty and not a shard directory (no {MANIFEST}); "
+                        "refusing to overwrite it")
+
+
+def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
+    """Write every shard, the test set and the manifest to ``out_dir``, atomically.
+
+    Everything goes to a temporary directory beside ``out_dir`` first, the manifest last;
+    only a complete set is renamed into place, replacing an earlier shard directory. A
+    failure leaves ``out_dir`` as it was. Shards are built and written one client at a
+    time, so only one client's float64 copy is in memory at once.
+
+    Returns:
+        The manifest of the written directory.
+    """
+    out = Path(out_dir).resolve()
+    _prepare_target_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        clients = []
+        for i in range(source.n_clients):
+            shard = source.client_shard(i)
+            file = f"client-{i}.h5"
+            write_client(tmp / file, shard)
+            clients.append({"index": i, "file": file, "features": shard.features,
+                            "n_train": int(shard.x_train.shape[0]),
+                            "n_test": int(shard.x_test.shape[0]),
+                            "sha256": sha256_file(tmp / file)})
+            del shard
+        test = source.test_set()
+        _write_h5(tmp / TEST_FILE, {"x": test.x.astype(np.float64, copy=False),
+                                    "ids": test.ids.astype(np.int64, copy=False)},
+                  {"features": json.dumps(test.features), "format": FORMAT})
+        manifest = {"format": FORMAT, **source.manifest_fields(), "n_clients": source.n_clients,
+                    "clients": clients, "test": {"file": TEST_FILE, "n": int(test.x.shape[0]),
+                                                 "sha256": sha256_file(tmp / TEST_FILE)}}
+        del test
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "previous")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load_manifest(out)
+
+
+# --------------------------------------------------------------------------- reading
+def load_manifest(directory: str | Path) -> Manifest:
+    """Parse and check ``directory/manifest.json``.
+
+    Raises:
+        UserError: missing file, invalid JSON, another format, or a missing key.
+    """
+    d = Path(directory)
+    path = d / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{path}: not found (not a shard directory?)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise UserError(f"{path}: format {got!r}, expected {FORMAT!r}")
+    for key in _REQUIRED:
+        if key not in raw:
+            raise UserError(f"{path}: missing field {key!r}")
+    if len(raw["clients"]) != raw["n_clients"]:
+        raise UserError(f"{path}: field 'clients' lists {len(raw['clients'])} clients, "
+                        f"'n_clients' says {raw['n_clients']}")
+    return Manifest(directory=d, dataset=raw["dataset"], setting=raw["setting"],
+                    split=raw["split"], seed=raw["seed"], n_clients=raw["n_clients"],
+                    target=raw["target"], classes=raw["classes"], features=raw["features"],
+                    feature_order=raw["feature_order"], clients=raw["clients"],
+                    test=raw["test"], preprocessing=raw["preprocessing"],
+                    label_owner=raw["label_owner"], raw=raw)
+
+
+def _checked_file(directory: Path, entry: dict, verify: bool) -> Path:
+    path = directory / entry["file"]
+    if not path.is_file():
+        raise UserError(f"{path}: shard file not found")
+    if verify:
+        digest = sha256_file(path)
+        if digest != entry["sha256"]:
+            raise UserError(f"{path}: checksum mismatch (manifest {entry['sha256'][:12]}..., "
+                            f"file {digest[:12]}...): the shard is corrupt or was altered")
+    return path
+
+
+def _dataset(f: h5py.File, name: str, path: Path, shape: tuple, dtype) -> np.ndarray:
+    if name not in f:
+        raise UserError(f"{path}: dataset {name!r} missing")
+    arr = f[name][()]
+    if arr.shape != shape or arr.dtype != dtype:
+        raise UserError(f"{path}: dataset {name!r} is {arr.dtype} {arr.shape}, expected "
+                        f"{np.dtype(dtype)} {shape}")
+    return arr
+
+
+def read_client(directory: str | Path, index: int, verify: bool = True) -> ClientShard:
+    """Read client ``index``'s shard, checking it against the manifest.
+
+    Args:
+        directory: the shard directory.
+        index: client index, ``0..n_clients-1``.
+        verify: check the file's SHA-256 against the manifest first.
+
+    Raises:
+        UserError: no such client, a missing, corrupt or malformed file.
+    """
+    m = load_manifest(directory)
+    if not 0 <= index < m.n_clients:
+        raise UserError(f"{m.directory / MANIFEST}: no client {index} (n_clients = "
+                        f"{m.n_clients})")
+    entry = m.clients[index]
+    path = _checked_file(m.directory, entry, verify)
+    d = len(entry["features"])
+    try:
+        with h5py.File(path, "r") as f:
+            feats = json.loads(f.attrs.get("features", "null"))
+            if feats != entry["features"]:
+                raise UserError(f"{path}: features attribute disagrees with the manifest")
+            return ClientShard(
+                index=index, features=feats, meta_types=m.meta_types(feats),
+                x_train=_dataset(f, "train/x", path, (entry["n_train"], d), np.float64),
+                ids_train=_dataset(f, "train/ids", path, (entry["n_train"],), np.int64),
+                x_test=_dataset(f, "test/x", path, (entry["n_test"], d), np.float64),
+                ids_test=_dataset(f, "test/ids", path, (entry["n_test"],), np.int64))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable HDF5 file ({exc})") from None
+
+
+def read_test(directory: str | Path, verify: bool = True) -> TestSet:
+    """Read the full held-out test set over ``feature_order``.
+
+    Raises:
+        UserError: a missing, corrupt or malformed file.
+    """
+    m = load_manifest(directory)
+    path = _checked_file(m.directory, m.test, verify)
+    n, d = m.test["n"], len(m.feature_order)
+    try:
+        with h5py.File(path, "r") as f:
+            return TestSet(features=list(m.feature_order),
+                           x=_dataset(f, "x", path, (n, d), np.float64),
+                           ids=_dataset(f, "ids", path, (n,), np.int64))
+    except OSError as exc:
+        raise UserError(f"{path}: not a readable HDF5 file ({exc})") from None

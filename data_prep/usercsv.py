@@ -1,0 +1,149 @@
+"""The ``csv`` dataset: a user's own CSV or NPY file described by a small JSON schema.
+
+The schema sits beside the data as ``<stem>.schema.json`` (``data.csv`` ->
+``data.schema.json``)::
+
+    {"columns": [{"name": "age", "type": "discrete"},
+                 {"name": "city", "type": "categorical"},
+                 {"name": "id", "type": "skip"},
+                 {"name": "label", "type": "categorical"}],
+     "target": "label",            # or null for unlabelled data
+     "header": true,               # CSV only: first line names the columns
+     "delimiter": ",",             # CSV only
+     "missing": ["", "?", "NA"]}   # CSV only: tokens meaning "missing"
+
+Types are ``real``, ``discrete``, ``categorical`` or ``skip``. With a header, columns are
+matched by name; without one (and for NPY, a 2-D numeric array) they are taken in order.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mpifc.errors import UserError
+
+from .table import META_TYPES, RawTable
+from .textparse import ColumnSpec, DelimitedParser, feature_matrix
+
+
+def _schema_path(data: Path) -> Path:
+    return data.with_name(data.stem + ".schema.json")
+
+
+def _read_schema(path: Path) -> dict:
+    if not path.is_file():
+        raise UserError(f"{path}: schema not found (the csv dataset needs a JSON schema "
+                        "beside the data file)")
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    cols = schema.get("columns") if isinstance(schema, dict) else None
+    if not isinstance(cols, list) or not cols:
+        raise UserError(f"{path}: field 'columns' must be a non-empty list")
+    for k, col in enumerate(cols):
+        if not isinstance(col, dict) or not isinstance(col.get("name"), str):
+            raise UserError(f"{path}: columns[{k}] needs a string 'name'")
+        if col.get("type") not in META_TYPES + ("skip",):
+            raise UserError(f"{path}: columns[{k}] ({col['name']!r}) has type "
+                            f"{col.get('type')!r}; use real, discrete, categorical or skip")
+    names = [c["name"] for c in cols]
+    target = schema.get("target")
+    if target is not None and target not in names:
+        raise UserError(f"{path}: target {target!r} is not one of the schema's columns")
+    return schema
+
+
+def _specs(schema: dict, order: list[str], data: Path, schema_file: Path) -> list[ColumnSpec]:
+    types = {c["name"]: c["type"] for c in schema["columns"]}
+    target = schema.get("target")
+    if target is not None and target not in order:
+        raise UserError(f"{data}: no target column {target!r}")
+    for name in types:
+        if name not in order:
+            raise UserError(f"{data}: schema column {name!r} ({schema_file}) is not in the "
+                            "file's header")
+    specs = []
+    for name in order:
+        if name not in types:
+            raise UserError(f"{data}: column {name!r} is not in the schema {schema_file}")
+        specs.append(ColumnSpec(name, "target" if name == target else types[name]))
+    return specs
+
+
+def _load_npy(name: str, data: Path, schema: dict, schema_file: Path) -> RawTable:
+    try:
+        arr = np.load(data, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{data}: cannot read as .npy ({exc})") from None
+    cols = schema["columns"]
+    if arr.ndim != 2 or arr.shape[1] != len(cols) or not np.issubdtype(arr.dtype, np.number):
+        raise UserError(f"{data}: expected a numeric 2-D array with {len(cols)} columns "
+                        f"(schema {schema_file}), got {arr.dtype} {arr.shape}")
+    arr = arr.astype(np.float64)
+    if np.isinf(arr).any():
+        row, col = np.argwhere(np.isinf(arr))[0]
+        raise UserError(f"{data} row {row}, field {cols[col]['name']!r}: not finite")
+    target = schema.get("target")
+    feats, meta, xs, categories = [], [], [], {}
+    y = classes = None
+    for j, col in enumerate(cols):
+        values = arr[:, j]
+        if col["name"] == target:
+            if np.isnan(values).any():
+                row = int(np.argwhere(np.isnan(values))[0, 0])
+                raise UserError(f"{data} row {row}, field {target!r}: missing target label")
+            labels, y = np.unique(values, return_inverse=True)
+            classes = [int(v) if float(v).is_integer() else float(v) for v in labels]
+            continue
+        if col["type"] == "skip":
+            continue
+        if col["type"] == "categorical":
+            seen = ~np.isnan(values)
+            labels, codes = np.unique(values[seen], return_inverse=True)
+            values = values.copy()
+            values[seen] = codes
+            categories[col["name"]] = [str(int(v)) if float(v).is_integer() else str(v)
+                                       for v in labels]
+        feats.append(col["name"])
+        meta.append(col["type"])
+        xs.append(values)
+    x = np.stack(xs, axis=1) if xs else np.empty((arr.shape[0], 0))
+    return RawTable(name=name, x=x, features=feats, meta_types=meta, categories=categories,
+                    y=None if y is None else y.astype(np.int64), target=target,
+                    classes=classes, source_splits={"all": [0, arr.shape[0]]},
+                    source_files=[str(data), str(schema_file)])
+
+
+def load_user_table(name: str, data: Path) -> RawTable:
+    """Load a user's CSV/NPY file with its schema (see the module docstring).
+
+    Raises:
+        UserError: missing file or schema, schema errors, malformed lines.
+    """
+    if not data.is_file():
+        raise UserError(f"{data}: not found")
+    schema_file = _schema_path(data)
+    schema = _read_schema(schema_file)
+    if data.suffix == ".npy":
+        return _load_npy(name, data, schema, schema_file)
+    delimiter = schema.get("delimiter", ",")
+    missing = frozenset(schema.get("missing", ["", "?", "NA"]))
+    with open(data, encoding="utf-8", newline="") as f:
+        if schema.get("header", True):
+            first = f.readline()
+            order = [t.strip() for t in first.rstrip("\r\n").split(delimiter)]
+        else:
+            order = [c["name"] for c in schema["columns"]]
+        specs = _specs(schema, order, data, schema_file)
+        parser = DelimitedParser(specs, delimiter=delimiter, missing=missing)
+        f.seek(0)
+        n = parser.feed(f, str(data), header=bool(schema.get("header", True)))
+    parsed = parser.finish()
+    x, feats, meta = feature_matrix(parsed, specs)
+    return RawTable(name=name, x=x, features=feats, meta_types=meta,
+                    categories=parsed.categories,
+                    y=parsed.y, target=schema.get("target"), classes=parsed.classes,
+                    source_splits={"all": [0, n]}, source_files=[str(data), str(schema_file)])

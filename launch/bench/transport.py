@@ -1,0 +1,127 @@
+"""Ping-pong latency and bandwidth: mpifc transport vs raw mpi4py Send/Recv, in the same run.
+
+Run: ``mpiexec -n 2 python launch/bench/transport.py [--out results.csv]`` (or ``mpifc bench
+transport``). For each message size the two transports alternate, repetition by repetition, so
+both see the same machine load; the table reports medians over repetitions.
+
+* latency: one-way time per message = round-trip time / 2, in microseconds;
+* bandwidth: message bytes / one-way time, in MB/s (1 MB = 1e6 bytes);
+* ``bw ratio``: mpifc / raw bandwidth (target >= 0.9 from 1 MB up);
+* ``added us``: mpifc latency - raw latency (target <= 20 us for small messages).
+
+mpifc's receive allocates a fresh array per message (the API returns a new array) and records a
+ledger row; raw receives into a preallocated buffer, which is the best case for raw.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from mpifc.runtime.atomic import atomic_write_text
+from mpifc.runtime.kinds import register_kind
+from mpifc.runtime.ledger import CommLedger
+from mpifc.runtime.transport import Transport
+
+BENCH = register_kind("bench.transport.pingpong", "control", "transport benchmark payload")
+RAW_TAG = 7  # raw traffic on another communicator than mpifc's, so tags cannot clash
+SIZES = [8 * 4**i for i in range(12)] + [64 << 20]  # 8 B ... 32 MiB, then 64 MiB
+
+
+def iterations_for(size: int) -> int:
+    """Round trips per timed repetition: many for small messages, few for big ones."""
+    return int(max(3, min(300, 2e7 // max(size, 1))))
+
+
+def raw_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int) -> float:
+    """Seconds per one-way message with raw Send/Recv (rank 0 sends first)."""
+    peer = 1 - comm.Get_rank()
+    spec = [buf, buf.nbytes, MPI.BYTE]
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        if comm.Get_rank() == 0:
+            comm.Send(spec, peer, RAW_TAG)
+            comm.Recv(spec, peer, RAW_TAG)
+        else:
+            comm.Recv(spec, peer, RAW_TAG)
+            comm.Send(spec, peer, RAW_TAG)
+    return (time.perf_counter() - t0) / (2 * iters)
+
+
+def mpifc_pingpong(tr: Transport, arr: np.ndarray, iters: int) -> float:
+    """Seconds per one-way message with the mpifc transport."""
+    peer = 1 - tr.rank
+    tr.comm.Barrier()
+    t0 = time.perf_counter()
+    x = arr
+    for _ in range(iters):
+        if tr.rank == 0:
+            tr.send(x, peer, BENCH)
+            x = tr.recv(peer, BENCH)
+        else:
+            x = tr.recv(peer, BENCH)
+            tr.send(x, peer, BENCH)
+    return (time.perf_counter() - t0) / (2 * iters)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=7, help="alternating repetitions per size (median taken)")
+    ap.add_argument("--max-bytes", type=int, default=64 << 20, help="largest message size")
+    ap.add_argument("--out", help="CSV file for the results (written by rank 0, atomically)")
+    opts = ap.parse_args()
+    world = MPI.COMM_WORLD
+    if world.Get_size() != 2:
+        if world.Get_rank() == 0:
+            print(f"mpifc: transport benchmark needs exactly 2 ranks, got {world.Get_size()} "
+                  f"(run: mpiexec -n 2 python launch/bench/transport.py)", file=sys.stderr)
+        return 2
+    raw_comm = world.Dup()
+    tr = Transport(world.Dup(), CommLedger(world.Get_rank(), 2, capacity=1 << 16), deadline=120.0)
+    rows = []
+    for size in [s for s in SIZES if s <= opts.max_bytes]:
+        buf = np.zeros(size, dtype=np.uint8)
+        iters = iterations_for(size)
+        raw_pingpong(raw_comm, buf, 1), mpifc_pingpong(tr, buf, 1)  # warm-up
+        raw_t, our_t = [], []
+        for rep in range(opts.reps):
+            # Alternate which goes first so drift in machine load hits both alike.
+            order = (0, 1) if rep % 2 == 0 else (1, 0)
+            for which in order:
+                if which == 0:
+                    raw_t.append(raw_pingpong(raw_comm, buf, iters))
+                else:
+                    our_t.append(mpifc_pingpong(tr, buf, iters))
+        raw_s, our_s = float(np.median(raw_t)), float(np.median(our_t))
+        rows.append((size, iters, raw_s * 1e6, our_s * 1e6, (our_s - raw_s) * 1e6,
+                     size / raw_s / 1e6, size / our_s / 1e6, raw_s / our_s))
+    if world.Get_rank() == 0:
+        head = (f"{'bytes':>10} {'iters':>6} {'raw us':>10} {'mpifc us':>10} {'added us':>9} "
+                f"{'raw MB/s':>10} {'mpifc MB/s':>11} {'bw ratio':>9}")
+        print(head)
+        for size, iters, r_us, o_us, add, r_bw, o_bw, ratio in rows:
+            print(f"{size:>10} {iters:>6} {r_us:>10.2f} {o_us:>10.2f} {add:>9.2f} {r_bw:>10.1f} {o_bw:>11.1f} "
+                  f"{ratio:>9.3f}")
+        small = [r for r in rows if r[0] <= 1024]
+        big = [r for r in rows if r[0] >= 1 << 20]
+        if small:
+            print(f"small messages (<= 1 KiB): median added latency "
+                  f"{np.median([r[4] for r in small]):.2f} us (target <= 20)")
+        if big:
+            print(f"large messages (>= 1 MiB): min bandwidth ratio {min(r[7] for r in big):.3f}, "
+                  f"median {np.median([r[7] for r in big]):.3f} (target >= 0.9)")
+        if opts.out:
+            lines = ["bytes,iterations,raw_latency_us,mpifc_latency_us,added_latency_us,raw_MBps,mpifc_MBps,"
+                     "bandwidth_ratio"]
+            lines += [",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in r) for r in rows]
+            atomic_write_text(opts.out, "\n".join(lines) + "\n")
+            print(f"wrote {opts.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""Leaf families of an EiNet: ``K`` univariate densities per leaf slot, fully vectorised.
+
+Leaf regions are padded to a common width ``m``: slot ``(l, i)`` holds the ``i``-th variable of
+leaf region ``l`` (padding slots read NaN). A family maps slot values ``x`` of shape
+``(batch, L, m)`` to region log-densities ``(batch, L, K)`` (nats): the sum over the region's
+slots of each component's univariate log-density, with NaN (missing or padding) giving
+``log 1 = 0`` so that it is marginalised. Parameters are stored flat as ``(L * m, K, ...)``.
+
+EM statistics come from autograd: :meth:`LeafFamily.forward_for_em` returns the region values
+together with the tensors to differentiate, and :meth:`LeafFamily.stats_from_grads` turns their
+gradients into responsibility-weighted sufficient statistics (sums over the batch, so they add
+across data shards).
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import torch
+
+from mpifc.errors import UserError
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class LeafFamily(ABC):
+    """``K`` densities for each of ``S`` slots; parameters are tensors of shape ``(S, K, ...)``."""
+
+    kind: str = ""
+
+    def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.slot_mask = slot_mask.to(device)  # (L, m), False = padding
+        self.num_regions, self.width = slot_mask.shape
+        self.num_slots = self.num_regions * self.width  # stored slots, padding included
+        self.num_real_slots = int(slot_mask.sum())
+        self.num_components = num_components
+        self.dtype = dtype
+        self.device = device
+        self.params: dict[str, torch.Tensor] = {}
+
+    @abstractmethod
+    def hyper(self) -> dict[str, float | int]:
+        """Hyper-parameters needed to rebuild the family (saved as HDF5 attributes)."""
+
+    @abstractmethod
+    def initialize(self, gen: torch.Generator) -> None:
+        """Random data-free initial parameters."""
+
+    @abstractmethod
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, L, m)`` values -> ``(batch, L, m, K)`` log-densities (nats); NaN -> 0."""
+
+    @abstractmethod
+    def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Responsibility-weighted sufficient statistics summed over the batch.
+
+        Args:
+            x: ``(batch, L, m)`` values, NaN = missing (contributes nothing).
+            resp: ``(batch, L, m, K)`` posterior weights of each component (the flows).
+        Returns:
+            Tensors of shape ``(L * m, K, ...)``.
+        """
+
+    def region_log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, L, m)`` -> ``(batch, L, K)``: log-density of each region's components."""
+        return self.log_prob(x).sum(2)
+
+    def forward_for_em(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Region log-densities ``(batch, L, K)`` plus the tensors (requiring grad) they come from."""
+        with torch.no_grad():
+            lp = self.log_prob(x)
+        lp.requires_grad_(True)
+        return lp.sum(2), [lp]
+
+    def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
+                         grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Sufficient statistics from the gradients of the objective w.r.t. ``inputs``."""
+        return self.expected_stats(x, grads[0])
+
+    @abstractmethod
+    def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
+        """Move the parameters a ``step_size`` towards the maximiser of ``stats``."""
+
+    @abstractmethod
+    def sample(self, slot: torch.Tensor, comp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """One value per ``(slot[i], comp[i])``, shape ``(n,)``."""
+
+    @abstractmethod
+    def mode(self, slot: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+        """Most probable value per ``(slot[i], comp[i])``, shape ``(n,)``."""
+
+    def validate(self, x: torch.Tensor) -> None:
+        """Raise ``UserError`` if observed values are outside the support."""
+
+    def num_parameters(self) -> int:
+        """Parameter values of real (non-padding) slots, known before allocation."""
+        return 2 * self.num_real_slots * self.num_components
+
+
+class GaussianLeaf(LeafFamily):
+    """Normal densities with variance clamped to ``[min_var, max_var]`` (Table 5 of the FC paper)."""
+
+    kind = "gaussian"
+
+    def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
+                 min_var: float = 1e-3, max_var: float = 0.25) -> None:
+        super().__init__(slot_mask, num_components, dtype, device)
+        if not 0 < min_var <= max_var:
+            raise UserError(f"min_var/max_var: need 0 < min_var <= max_var, got {min_var}, {max_var}")
+        self.min_var, self.max_var = float(min_var), float(max_var)
+
+    def hyper(self) -> dict[str, float | int]:
+        return {"min_var": self.min_var, "max_var": self.max_var}
+
+    def initialize(self, gen: torch.Generator) -> None:
+        shape = (self.num_slots, self.num_components)
+        # Pixels live in [0, 1] after scaling, so spread the initial means over that range.
+        mean = torch.rand(shape, generator=gen, dtype=torch.float64)
+        self.params = {
+            "mean": mean.to(self.dtype).to(self.device),
+            "var": torch.full(shape, self.max_var, dtype=self.dtype, device=self.device),
+        }
+
+    def _view(self, name: str) -> torch.Tensor:
+        return self.params[name].view(self.num_regions, self.width, self.num_components)
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        mean, var = self._view("mean"), self._view("var")
+        missing = torch.isnan(x)
+        xs = torch.where(missing, torch.zeros_like(x), x).unsqueeze(-1)
+        lp = -0.5 * (xs - mean) ** 2 / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI
+        return lp.masked_fill(missing.unsqueeze(-1), 0.0)
+
+    def _natural_params(self) -> torch.Tensor:
+        """``(L, 3m, K)``: coefficients of ``x^2``, ``x`` and 1 in the log-density."""
+        mean, var = self._view("mean"), self._view("var")
+        a = -0.5 / var
+        b = mean / var
+        c = -0.5 * mean * mean / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI
+        return torch.cat([a, b, c], 1)
+
+    @staticmethod
+    def _features(x: torch.Tensor) -> torch.Tensor:
+        """``(batch, L, m)`` -> ``(L, batch, 3m)``: ``[x^2, x, observed]``, zero where NaN."""
+        observed = ~torch.isnan(x)
+        xs = torch.where(observed, x, torch.zeros_like(x))
+        return torch.cat([xs * xs, xs, observed.to(x.dtype)], 2).transpose(0, 1)
+
+    def region_log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        # An exponential family: the sum over a region's slots is one batched matmul of the
+        # sufficient statistics with the natural parameters, with no (batch, L, m, K) tensor.
+        return torch.bmm(self._features(x), self._natural_params()).transpose(0, 1)
+
+    def forward_for_em(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        theta = self._natural_params().detach().requires_grad_(True)
+        return torch.bmm(self._features(x), theta).transpose(0, 1), [theta]
+
+    def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
+                         grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        # d objective / d natural parameter = responsibility-weighted sufficient statistic.
+        s2, s1, n = grads[0].split(self.width, 1)
+        flat = (self.num_slots, self.num_components)
+        return {"n": n.reshape(flat), "s1": s1.reshape(flat), "s2": s2.reshape(flat)}
+
+    def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
+        observed = ~torch.isnan(x)
+        r = resp * observed.unsqueeze(-1)
+        m1, m2 = self._moments_per_component(torch.where(observed, x, torch.zeros_like(x)))
+        flat = (self.num_slots, self.num_components)
+        return {"n": r.sum(0).reshape(flat), "s1": (r * m1).sum(0).reshape(flat),
+                "s2": (r * m2).sum(0).reshape(flat)}
+
+    def _moments_per_component(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``E[z]`` and ``E[z^2]`` of the latent value behind each observation."""
+        xs = x.unsqueeze(-1)
+        return xs, xs * xs
+
+    def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
+        n = stats["n"]
+        ok = n > 1e-12
+        safe_n = torch.where(ok, n, torch.ones_like(n))
+        mean_old, var_old = self.params["mean"], self.params["var"]
+        mean_new = torch.where(ok, stats["s1"] / safe_n, mean_old)
+        second_new = torch.where(ok, stats["s2"] / safe_n, var_old + mean_old ** 2)
+        # Online EM interpolates expectation parameters (E[x], E[x^2]), which keeps it a convex
+        # combination of sufficient statistics; step 1 is plain EM.
+        m1 = (1 - step_size) * mean_old + step_size * mean_new
+        m2 = (1 - step_size) * (var_old + mean_old ** 2) + step_size * second_new
+        var = (m2 - m1 * m1).clamp(self.min_var, self.max_var)
+        self.params = {"mean": m1, "var": var}
+
+    def sample(self, slot: torch.Tensor, comp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        mean = self.params["mean"][slot, comp]
+        std = self.params["var"][slot, comp].sqrt()
+        noise = torch.randn(mean.shape, generator=gen, dtype=torch.float64).to(mean)
+        return mean + std * noise
+
+    def mode(self, slot: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+        return self.params["mean"][slot, comp]
+
+
+def _log_normal_interval(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``log(Phi(hi) - Phi(lo))`` for standardised bounds ``lo < hi`` (may be +-inf), stably.
+
+    The interval is reflected into the left half so both CDFs are small numbers carried in log
+    space; ``log(-expm1(.))`` then keeps precision when the two CDFs are close.
+    """
+    flip = (lo + hi) > 0
+    a = torch.where(flip, -hi, lo)
+    b = torch.where(flip, -lo, hi)
+    la, lb = torch.special.log_ndtr(a), torch.special.log_ndtr(b)
+    out = lb + torch.log(-torch.expm1(la - lb))
+    # Far in the tails (beyond float precision of log_ndtr) fall back to density x width.
+    mid = 0.5 * (a + b)
+    approx = -0.5 * mid * mid - _LOG_SQRT_2PI + torch.log(b - a)
+    return torch.where(torch.isfinite(out), out, approx)
+
+
+class DiscretizedGaussianLeaf(GaussianLeaf):
+    """Gaussian integrated over the bins of ``num_levels`` integer levels (appendix E.2).
+
+    Level ``v`` in ``0..L-1`` sits at ``z = v / (L-1)`` in [0, 1] with bin
+    ``[(v - 1/2) / (L-1), (v + 1/2) / (L-1)]``; the first and last bins extend to -inf and +inf,
+    so the masses of all levels sum to exactly 1. Mean and variance are on the [0, 1] scale.
+    EM is exact: the E-step uses the moments of the Gaussian truncated to each observed bin.
+    """
+
+    kind = "discretized_gaussian"
+
+    def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
+                 min_var: float = 1e-3, max_var: float = 0.25, num_levels: int = 256) -> None:
+        super().__init__(slot_mask, num_components, dtype, device, min_var, max_var)
+        if int(num_levels) < 2:
+            raise UserError(f"num_levels: need >= 2 levels, got {num_levels}")
+        self.num_levels = int(num_levels)
+
+    def hyper(self) -> dict[str, float | int]:
+        return {**super().hyper(), "num_levels": self.num_levels}
+
+    def validate(self, x: torch.Tensor) -> None:
+        _check_levels(x, self.num_levels)
+
+    # Not an exponential family in x: use the generic per-slot route of the base class.
+    region_log_prob = LeafFamily.region_log_prob
+    forward_for_em = LeafFamily.forward_for_em
+    stats_from_grads = LeafFamily.stats_from_grads
+
+    def _bounds(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Standardised bin bounds ``(batch, L, m, K)`` of the levels ``x (batch, L, m)``."""
+        scale = self.num_levels - 1
+        lo = (x - 0.5) / scale
+        hi = (x + 0.5) / scale
+        lo = torch.where(x <= 0, torch.full_like(lo, -math.inf), lo)
+        hi = torch.where(x >= scale, torch.full_like(hi, math.inf), hi)
+        mean, std = self._view("mean"), self._view("var").sqrt()
+        return (lo.unsqueeze(-1) - mean) / std, (hi.unsqueeze(-1) - mean) / std
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        missing = torch.isnan(x)
+        xs = torch.where(missing, torch.zeros_like(x), x)
+        lo, hi = self._bounds(xs)
+        return _log_normal_interval(lo, hi).masked_fill(missing.unsqueeze(-1), 0.0)
+
+    def _moments_per_component(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Truncated-normal moments in float64: the difference of two pdf/mass ratios cancels.
+        lo, hi = (t.double() for t in self._bounds(x))
+        log_z = _log_normal_interval(lo, hi)
+
+        def pdf_ratio(u: torch.Tensor) -> torch.Tensor:
+            r = torch.exp(-0.5 * u * u - _LOG_SQRT_2PI - log_z)
+            return torch.where(torch.isfinite(u), r, torch.zeros_like(r))
+
+        def u_pdf_ratio(u: torch.Tensor) -> torch.Tensor:
+            return torch.where(torch.isfinite(u), u * pdf_ratio(u), torch.zeros_like(u))
+
+        e1 = pdf_ratio(lo) - pdf_ratio(hi)
+        e2 = 1.0 + u_pdf_ratio(lo) - u_pdf_ratio(hi)
+        e1 = torch.minimum(torch.maximum(e1, lo), hi)
+        e2 = torch.maximum(e2, e1 * e1)
+        mean, std = self._view("mean").double(), self._view("var").double().sqrt()
+        m1 = mean + std * e1
+        m2 = mean * mean + 2 * mean * std * e1 + std * std * e2
+        return m1.to(self.dtype), m2.to(self.dtype)
+
+    def sample(self, slot: torch.Tensor, comp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        # Rounding a Gaussian draw to the nearest level (clamped) samples the binned mass exactly.
+        z = super().sample(slot, comp, gen)
+        return torch.round(z * (self.num_levels - 1)).clamp(0, self.num_levels - 1)
+
+    def mode(self, slot: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+        z = super().mode(slot, comp)
+        return torch.round(z * (self.num_levels - 1)).clamp(0, self.num_levels - 1)
+
+
+def _check_levels(x: torch.Tensor, num_levels: int) -> None:
+    obs = x[~torch.isnan(x)]
+    if obs.numel() and (bool((obs != torch.round(obs)).any()) or float(obs.min()) < 0
+                        or float(obs.max()) > num_levels - 1):
+        raise UserError(f"x: discrete leaves need integer values in 0..{num_levels - 1}")
+
+
+class CategoricalLeaf(LeafFamily):
+    """Categorical over ``num_levels`` values ``0..L-1``; probabilities ``(S, K, L)``.
+
+    ``pseudocount`` > 0 makes the M-step a MAP estimate under a symmetric Dirichlet, so a level
+    never seen in training keeps non-zero mass; 0 gives plain maximum likelihood.
+    """
+
+    kind = "categorical"
+
+    def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
+                 num_levels: int = 256, pseudocount: float = 0.01) -> None:
+        super().__init__(slot_mask, num_components, dtype, device)
+        if int(num_levels) < 2:
+            raise UserError(f"num_levels: need >= 2 levels, got {num_levels}")
+        if pseudocount < 0:
+            raise UserError(f"pseudocount: must be >= 0, got {pseudocount}")
+        self.num_levels, self.pseudocount = int(num_levels), float(pseudocount)
+
+    def hyper(self) -> dict[str, float | int]:
+        return {"num_levels": self.num_levels, "pseudocount": self.pseudocount}
+
+    def validate(self, x: torch.Tensor) -> None:
+        _check_levels(x, self.num_levels)
+
+    def num_parameters(self) -> int:
+        return self.num_real_slots * self.num_components * self.num_levels
+
+    def initialize(self, gen: torch.Generator) -> None:
+        shape = (self.num_slots, self.num_components, self.num_levels)
+        raw = 1.0 + torch.rand(shape, generator=gen, dtype=torch.float64)
+        self.params = {"probs": (raw / raw.sum(-1, keepdim=True)).to(self.dtype).to(self.device)}
+
+    def _index(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        missing = torch.isnan(x)
+        return missing, torch.where(missing, torch.zeros_like(x), x).long()
+
+    def _rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Missing mask and flat row ``slot * L_levels + level`` per entry, both ``(batch, L, m)``."""
+        missing, idx = self._index(x)
+        slot = torch.arange(self.num_slots, device=x.device).view(self.num_regions, self.width)
+        return missing, slot * self.num_levels + idx
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        missing, rows = self._rows(x)
+        # Gather logp[s, k, x] through one flat index per entry: no (batch, L, m, K, levels) tensor.
+        flat = torch.log(self.params["probs"]).permute(0, 2, 1).reshape(-1, self.num_components)
+        lp = flat[rows.reshape(-1)].reshape(*x.shape, self.num_components)
+        return lp.masked_fill(missing.unsqueeze(-1), 0.0)
+
+    def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
+        missing, rows = self._rows(x)
+        r = resp.masked_fill(missing.unsqueeze(-1), 0.0)
+        counts = torch.zeros(self.num_slots * self.num_levels, self.num_components, dtype=resp.dtype,
+                             device=resp.device)
+        counts.index_add_(0, rows.reshape(-1), r.reshape(-1, self.num_components))
+        counts = counts.reshape(self.num_slots, self.num_levels, self.num_components).permute(0, 2, 1)
+        return {"counts": counts.contiguous()}
+
+    def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
+        counts = stats["counts"] + self.pseudocount
+        total = counts.sum(-1, keepdim=True)
+        old = self.params["probs"]
+        new = torch.where(total > 0, counts / total.clamp_min(1e-300), old)
+        self.params = {"probs": (1 - step_size) * old + step_size * new}
+
+    def sample(self, slot: torch.Tensor, comp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        probs = self.params["probs"][slot, comp].double().cpu()
+        if probs.numel() == 0:
+            return torch.zeros(0, dtype=self.dtype, device=self.device)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(self.dtype).to(self.device)
+
+    def mode(self, slot: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+        return self.params["probs"][slot, comp].argmax(-1).to(self.dtype)
+
+
+class BernoulliLeaf(CategoricalLeaf):
+    """Binary pixels: a categorical with two levels (one free parameter per component)."""
+
+    kind = "bernoulli"
+
+    def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
+                 pseudocount: float = 0.01) -> None:
+        super().__init__(slot_mask, num_components, dtype, device, num_levels=2, pseudocount=pseudocount)
+
+    def hyper(self) -> dict[str, float | int]:
+        return {"pseudocount": self.pseudocount}
+
+    def num_parameters(self) -> int:
+        return self.num_real_slots * self.num_components
+
+
+LEAF_FAMILIES: dict[str, type[LeafFamily]] = {
+    cls.kind: cls for cls in (GaussianLeaf, DiscretizedGaussianLeaf, CategoricalLeaf, BernoulliLeaf)
+}

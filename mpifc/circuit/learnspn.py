@@ -1,0 +1,363 @@
+"""LearnSPN / MSPN structure learning (Gens & Domingos 2013; Molina et al. 2018).
+
+Top-down: a slice (rows x columns) of the training data becomes
+
+1. a leaf, if it has one column;
+2. a product of leaves for its constant columns and a slice for the rest (done first: a constant
+   column makes correlations undefined and clusters meaningless);
+3. a fully factorised product of leaves, if it has fewer than ``min_instances_slice`` rows;
+4. a product over the connected components of the pairwise dependency graph (RDC or G-test),
+   if there is more than one;
+5. otherwise a sum over a row clustering (k-means or GMM) weighted by cluster sizes, or a fully
+   factorised product if the rows do not split.
+
+Slices wait in an explicit FIFO work queue (no recursion, so depth is bounded by memory only) and
+every random choice draws from one generator consumed in queue order, so the same seed gives the
+same structure and parameters. Children of a product (same rows, one component) skip step 4: a
+connected component stays connected on the same rows.
+
+Data layout: ``data`` is ``(n, d)`` float64 without NaN; column ``j`` is variable ``j``.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from mpifc.circuit.graph import LeafNode, Node, ProductNode, SumNode, collapse, validate
+from mpifc.circuit.splitting import (
+    clustering_features,
+    split_columns_gtest,
+    split_columns_rdc,
+    split_rows,
+)
+from mpifc.errors import UserError
+
+META_TYPES = ("real", "discrete", "categorical")
+"""Accepted meta-types: ``real`` (continuous), ``discrete`` (ordinal integers ``0..k-1``, e.g.
+binary or counts), ``categorical`` (unordered codes ``0..k-1``)."""
+
+COL_SPLITS = ("rdc", "gtest")
+ROW_SPLITS = ("kmeans", "gmm")
+LEAF_CHOICES = ("auto", "gaussian", "histogram", "piecewise")
+
+
+@dataclass(frozen=True)
+class LearnSPNParams:
+    """Hyperparameters of :func:`learn_spn` (see there)."""
+
+    threshold: float = 0.3
+    min_instances_slice: int = 200
+    col_split: str = "rdc"
+    row_split: str = "kmeans"
+    n_clusters: int = 2
+    leaf: str = "auto"
+    seed: int = 0
+    gtest_pvalue: float = 0.001
+    alpha: float = 1.0
+    min_var: float = 1e-4
+    rdc_k: int = 10
+    n_init: int = 3
+    leaf_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Slice:
+    """One pending node: its rows and variables, and where to attach it."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    attach: Any  # callable(Node) -> None
+    skip_col_split: bool = False
+
+
+@dataclass
+class _DataInfo:
+    """Per-variable facts computed once on the full training data."""
+
+    meta: list[str]
+    cards: list[int]  # number of values for discrete/categorical, 0 for real
+    lows: np.ndarray
+    highs: np.ndarray
+
+
+def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams) -> tuple[np.ndarray, _DataInfo]:
+    """Validate arguments; raise UserError naming the field at fault."""
+    try:
+        x = np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"learn_spn: data is not a numeric array ({e})") from None
+    if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise UserError(f"learn_spn: data must be a non-empty 2-D array (n, d), got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise UserError("learn_spn: data contains NaN or inf; structure learning needs complete data")
+    meta = list(meta_types) if not isinstance(meta_types, str) else None
+    if meta is None or len(meta) != x.shape[1]:
+        raise UserError(
+            f"learn_spn: meta_types must be a list with one entry per column ({x.shape[1]}), got {meta_types!r}"
+        )
+    for j, m in enumerate(meta):
+        if m not in META_TYPES:
+            raise UserError(f"learn_spn: meta_types[{j}] = {m!r}, expected one of {META_TYPES}")
+    if not (isinstance(p.threshold, (int, float)) and 0.0 <= p.threshold <= 1.0):
+        raise UserError(f"learn_spn: threshold must be in [0, 1], got {p.threshold!r}")
+    if isinstance(p.min_instances_slice, bool) or not isinstance(p.min_instances_slice, (int, np.integer)) \
+            or p.min_instances_slice < 1:
+        raise UserError(f"learn_spn: min_instances_slice must be an int >= 1, got {p.min_instances_slice!r}")
+    if p.col_split not in COL_SPLITS:
+        raise UserError(f"learn_spn: col_split must be one of {COL_SPLITS}, got {p.col_split!r}")
+    if p.row_split not in ROW_SPLITS:
+        raise UserError(f"learn_spn: row_split must be one of {ROW_SPLITS}, got {p.row_split!r}")
+    if isinstance(p.n_clusters, bool) or not isinstance(p.n_clusters, (int, np.integer)) or p.n_clusters < 2:
+        raise UserError(f"learn_spn: n_clusters must be an int >= 2, got {p.n_clusters!r}")
+    if p.leaf not in LEAF_CHOICES:
+        raise UserError(f"learn_spn: leaf must be one of {LEAF_CHOICES}, got {p.leaf!r}")
+    if not (0.0 < p.gtest_pvalue < 1.0):
+        raise UserError(f"learn_spn: gtest_pvalue must be in (0, 1), got {p.gtest_pvalue!r}")
+    if not (p.alpha > 0.0):
+        raise UserError(f"learn_spn: alpha (smoothing) must be > 0, got {p.alpha!r}")
+    if not (p.min_var > 0.0):
+        raise UserError(f"learn_spn: min_var must be > 0, got {p.min_var!r}")
+    cards = []
+    for j, m in enumerate(meta):
+        col = x[:, j]
+        if m == "real":
+            cards.append(0)
+            continue
+        if np.any(col < 0) or np.any(col != np.round(col)):
+            raise UserError(f"learn_spn: column {j} is {m} but holds values that are not integers >= 0")
+        cards.append(max(int(col.max()) + 1, 2))
+    if p.col_split == "gtest" and any(m == "real" for m in meta):
+        raise UserError("learn_spn: col_split='gtest' needs discrete or categorical columns only (meta_types)")
+    return x, _DataInfo(meta=meta, cards=cards, lows=x.min(0), highs=x.max(0))
+
+
+def _leaf_kind(meta: str, card: int, leaf: str) -> str:
+    """Leaf family for one column: binary -> Bernoulli, categorical -> Categorical, discrete ->
+    Categorical (histogram/piecewise if asked), real -> Gaussian (or the requested family)."""
+    if meta == "real":
+        return {"auto": "gaussian"}.get(leaf, leaf)
+    if card <= 2:
+        return "bernoulli"
+    if meta == "categorical":
+        return "categorical"
+    return {"auto": "categorical", "gaussian": "categorical"}.get(leaf, leaf)
+
+
+class _LeafMaker:
+    """Fits one univariate leaf for a column of a slice (adapter over :func:`leaves.fit_leaf`).
+
+    Leaves of slices are fitted on few rows, so everything that defines the support (number of
+    categories, histogram bin edges) is fixed once from the full training data: a slice that
+    misses a value must still give it (smoothed) mass.
+    """
+
+    def __init__(self, x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> None:
+        from mpifc.circuit.leaves import fit_leaf
+
+        self._fit = fit_leaf
+        self._info = info
+        self._p = p
+        self._kinds = [_leaf_kind(m, c, p.leaf) for m, c in zip(info.meta, info.cards)]
+        self._breaks: dict[int, np.ndarray] = {}
+        for j, kind in enumerate(self._kinds):
+            if kind in ("histogram", "piecewise"):
+                self._breaks[j] = _global_breaks(x[:, j], info.meta[j], info.cards[j])
+
+    def __call__(self, var: int, values: np.ndarray) -> LeafNode:
+        info, p, kind = self._info, self._p, self._kinds[var]
+        hp = dict(p.leaf_kwargs)
+        meta = info.meta[var]
+        if kind == "gaussian":
+            hp.setdefault("min_var", p.min_var)
+            return LeafNode(var, self._fit("real", values, leaf="gaussian", **hp))
+        hp.setdefault("alpha", p.alpha)
+        if kind == "bernoulli":
+            return LeafNode(var, self._fit("binary", values, leaf="bernoulli", **hp))
+        if kind == "categorical":
+            hp.setdefault("n_categories", info.cards[var])
+            return LeafNode(var, self._fit("categorical", values, leaf="categorical", **hp))
+        breaks = self._breaks[var].copy()
+        if kind == "histogram":
+            hp.setdefault("breaks", breaks)
+            fit_meta = "real" if meta == "real" else "discrete"
+            return LeafNode(var, self._fit(fit_meta, values, leaf="histogram", **hp))
+        hp.setdefault("bins", breaks)
+        return LeafNode(var, self._fit("real", values, leaf="piecewise_linear", **hp))
+
+
+def _global_breaks(column: np.ndarray, meta: str, card: int) -> np.ndarray:
+    """Histogram edges of one column on the full training data.
+
+    Integer codes get unit bins. Reals get numpy's ``auto`` bins (at most 64) plus one wide bin
+    on each side (a quarter of the range), so that test values slightly outside the training
+    range keep smoothed mass instead of log-density ``LOG_ZERO``.
+    """
+    if meta != "real":
+        return np.arange(0.0, float(card) + 1.0)
+    lo, hi = float(column.min()), float(column.max())
+    if hi <= lo:
+        return np.array([lo - 1.0, lo - 0.5, hi + 0.5, hi + 1.0])
+    br = np.histogram_bin_edges(column, bins="auto")
+    if len(br) > 65:  # 'auto' grows with n; bound the leaf size
+        br = np.linspace(lo, hi, 65)
+    br[-1] = np.nextafter(br[-1], np.inf)  # half-open bins: keep the maximum inside
+    pad = 0.25 * (hi - lo)
+    return np.concatenate([[lo - pad], br, [br[-1] + pad]])
+
+
+def _constant_columns(block: np.ndarray, meta: Sequence[str]) -> np.ndarray:
+    """Boolean mask of columns with one value (or, for real columns, numerically zero variance)."""
+    lo, hi = block.min(0), block.max(0)
+    const = lo == hi
+    real = np.array([m == "real" for m in meta])
+    if real.any():
+        scale = np.maximum(np.abs(lo), np.abs(hi))
+        const |= real & ((hi - lo) <= 1e-12 * np.maximum(scale, 1.0))
+    return const
+
+
+def learn_structure(data: Any, meta_types: Sequence[str], params: LearnSPNParams) -> Node:
+    """Run LearnSPN and return the (collapsed, validated) root node; see :func:`learn_spn`."""
+    x, info = _check_inputs(data, meta_types, params)
+    p = params
+    rng = np.random.default_rng(p.seed)
+    make_leaf = _LeafMaker(x, info, p)
+    categorical = np.array([m == "categorical" for m in info.meta])
+    cards = np.array(info.cards)
+    meta = info.meta
+
+    holder: list[Node] = []
+    queue: deque[_Slice] = deque([_Slice(np.arange(x.shape[0]), np.arange(x.shape[1]), holder.append)])
+
+    def factorise(rows: np.ndarray, cols: np.ndarray, attach: Any) -> None:
+        if len(cols) == 1:
+            attach(make_leaf(int(cols[0]), x[rows, cols[0]]))
+            return
+        prod = ProductNode(scope=cols.tolist())
+        for v in cols:
+            prod.add_child(make_leaf(int(v), x[rows, v]))
+        attach(prod)
+
+    while queue:
+        task = queue.popleft()
+        rows, cols = task.rows, task.cols
+        if len(cols) == 1:
+            factorise(rows, cols, task.attach)
+            continue
+        block = x[np.ix_(rows, cols)]
+        const = _constant_columns(block, [meta[v] for v in cols])
+        if const.any():
+            if const.all():
+                factorise(rows, cols, task.attach)
+                continue
+            prod = ProductNode(scope=cols.tolist())
+            for v in cols[const]:
+                prod.add_child(make_leaf(int(v), x[rows, v]))
+            task.attach(prod)
+            queue.append(_Slice(rows, cols[~const], prod.add_child, task.skip_col_split))
+            continue
+        if len(rows) < p.min_instances_slice:
+            factorise(rows, cols, task.attach)
+            continue
+        if not task.skip_col_split:
+            if p.col_split == "rdc":
+                groups = split_columns_rdc(block, categorical[cols], cards[cols], p.threshold, rng, k=p.rdc_k)
+            else:
+                groups = split_columns_gtest(block, cards[cols], p.gtest_pvalue)
+            if len(groups) > 1:
+                prod = ProductNode(scope=cols.tolist())
+                task.attach(prod)
+                for g in groups:
+                    queue.append(_Slice(rows, cols[g], prod.add_child, skip_col_split=True))
+                continue
+        seed = int(rng.integers(0, 2**31 - 1))
+        feats = clustering_features(block, categorical[cols], cards[cols])
+        labels = split_rows(feats, p.row_split, p.n_clusters, seed, n_init=p.n_init)
+        n_groups = int(labels.max()) + 1
+        if n_groups < 2:
+            factorise(rows, cols, task.attach)
+            continue
+        sums = SumNode(scope=cols.tolist())
+        task.attach(sums)
+        for c in range(n_groups):
+            sub = rows[labels == c]
+            queue.append(_Slice(sub, cols, _weighted_attach(sums, len(sub) / len(rows))))
+
+    root = collapse(holder[0])
+    validate(root)
+    return root
+
+
+def _weighted_attach(parent: SumNode, weight: float) -> Any:
+    """Attach function that adds a child to ``parent`` with mixture weight ``weight``."""
+    return lambda child: parent.add_child(child, weight)
+
+
+def learn_spn(
+    data: np.ndarray,
+    meta_types: Sequence[str],
+    *,
+    threshold: float = 0.3,
+    min_instances_slice: int = 200,
+    col_split: str = "rdc",
+    row_split: str = "kmeans",
+    n_clusters: int = 2,
+    leaf: str = "auto",
+    seed: int = 0,
+    gtest_pvalue: float = 0.001,
+    alpha: float = 1.0,
+    min_var: float = 1e-4,
+    rdc_k: int = 10,
+    n_init: int = 3,
+    leaf_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """Learn an SPN/MSPN from complete data by LearnSPN.
+
+    Args:
+        data: ``(n, d)`` training data, float, no NaN; discrete/categorical columns hold integer
+            codes ``0..k-1``.
+        meta_types: per column, ``"real"``, ``"discrete"`` or ``"categorical"``.
+        threshold: RDC above which two columns count as dependent.
+        min_instances_slice: slices with fewer rows are fully factorised.
+        col_split: ``"rdc"`` (any meta-types) or ``"gtest"`` (discrete/categorical only).
+        row_split: ``"kmeans"`` or ``"gmm"``.
+        n_clusters: clusters per row split.
+        leaf: ``"auto"`` (Gaussian for real, Bernoulli for two-valued, Categorical otherwise),
+            or force ``"gaussian"``, ``"histogram"`` or ``"piecewise"`` for real (and, for the
+            last two, discrete) columns.
+        seed: seed of every random choice (RDC projections, clustering).
+        gtest_pvalue: G-test significance level; smaller = fewer dependencies = more products.
+        alpha: Laplace smoothing of Bernoulli/Categorical leaves (pseudo-count per value).
+        min_var: variance floor of Gaussian leaves.
+        rdc_k: random features per column in the RDC.
+        n_init: restarts of each clustering.
+        leaf_kwargs: extra hyperparameters passed to every leaf's ``fit``.
+
+    Returns:
+        An :class:`mpifc.circuit.spn.SPN` over variables ``0..d-1``.
+
+    Raises:
+        UserError: bad data or hyperparameter, naming the field.
+    """
+    params = LearnSPNParams(
+        threshold=threshold,
+        min_instances_slice=min_instances_slice,
+        col_split=col_split,
+        row_split=row_split,
+        n_clusters=n_clusters,
+        leaf=leaf,
+        seed=seed,
+        gtest_pvalue=gtest_pvalue,
+        alpha=alpha,
+        min_var=min_var,
+        rdc_k=rdc_k,
+        n_init=n_init,
+        leaf_kwargs=dict(leaf_kwargs or {}),
+    )
+    root = learn_structure(data, meta_types, params)
+    from mpifc.circuit.spn import SPN
+
+    return SPN(root)

@@ -1,0 +1,11 @@
+"""Errors that the CLI reports as one clear line with exit code 2."""
+
+
+class UserError(Exception):
+    """Bad input from the user: a malformed file, a wrong config key, too few ranks, ...
+
+    The message must name the file, field or rank at fault. The CLI prints it on one line and
+    exits with code 2; under MPI the failing rank aborts the whole job.
+    """
+
+    exit_code = 2

@@ -1,0 +1,105 @@
+"""ψ strategies: which rank evaluates each inner node.
+
+Leaves always stay on their client's rank. Two strategies for the inner nodes:
+
+* ``flat``: every inner node on the server rank (0). Simplest; the root's fan-in is every rank.
+* ``tree``: the root's children are split into S contiguous blocks; each block gets a sum (or
+  product, if the root is a product) node on its own intermediate server rank, and the root on
+  rank 0 combines S vectors. Sum weights are re-associated exactly (``w_g = Σ_{i∈g} w_i`` above,
+  ``w_i / w_g`` below), so the distribution is unchanged. Every other inner node goes to the lowest
+  server among its parents' ranks, so server→server messages only go from lower to higher server
+  index and the rank graph stays acyclic (no deadlock in the upward pass).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mpifc.errors import UserError
+from mpifc.federated.structure import LEAF, SUM, FederatedCircuit
+
+ASSIGN_STRATEGIES = ("flat", "tree")
+
+
+def client_rank_map(clients: Sequence[int], n_servers: int) -> dict[int, int]:
+    """Client index → rank: servers take ranks ``0..n_servers``, clients follow in index order."""
+    return {c: 1 + n_servers + i for i, c in enumerate(sorted(clients))}
+
+
+def required_ranks(n_clients: int, strategy: str, n_servers: int) -> int:
+    """Ranks a job needs: the root server, the intermediate servers (tree) and one per client."""
+    return 1 + (n_servers if strategy == "tree" else 0) + n_clients
+
+
+def assign_flat(fc: FederatedCircuit, server: int = 0) -> FederatedCircuit:
+    """Every inner node on ``server``."""
+    for n in fc.nodes:
+        if n.op != LEAF:
+            n.rank = server
+    return fc
+
+
+def assign_tree(fc: FederatedCircuit, servers: Sequence[int], root_rank: int = 0) -> FederatedCircuit:
+    """Reduction-tree ψ over intermediate ``servers`` (see module doc); restructures the root."""
+    servers = list(servers)
+    if not servers:
+        raise UserError("--assign tree needs --servers >= 1")
+    root = fc.nodes[fc.root]
+    if root.op == LEAF:
+        return fc
+    children = list(root.children)
+    blocks = np.array_split(np.arange(len(children)), min(len(servers), len(children)))
+    block_of: dict[int, int] = {}
+    new_children, new_w = [], []
+    for g, b in enumerate(blocks):
+        ch = [children[i] for i in b]
+        tot = float(root.weights[b].sum()) if root.op == SUM else 0.0
+        if len(ch) == 1:
+            nid = ch[0]
+        else:
+            w = root.weights[b] / tot if root.op == SUM else None
+            nid = fc.add_inner(root.op, ch, w)
+        block_of[nid] = g
+        new_children.append(nid)
+        new_w.append(tot)
+    if len(new_children) == 1:
+        fc.root = new_children[0]
+    else:
+        fc.root = fc.add_inner(root.op, new_children, new_w if root.op == SUM else None)
+    fc.compact()
+    # compact() renumbers; map block membership through the surviving nodes' identity.
+    root = fc.nodes[fc.root]
+    block_of_new = {}
+    if len(new_children) == 1:
+        block_of_new[fc.root] = 0
+    else:
+        for g, c in enumerate(root.children):
+            block_of_new[c] = g
+    parents = fc.parents()
+    for nid in reversed(fc.reachable()):
+        n = fc.nodes[nid]
+        if n.op == LEAF:
+            continue
+        if nid == fc.root and nid not in block_of_new:
+            n.rank = root_rank
+        elif nid in block_of_new:
+            n.rank = servers[block_of_new[nid]]
+        else:
+            n.rank = min(fc.nodes[p].rank for p in parents[nid])
+    fc.meta["assign"] = "tree"
+    fc.meta["servers"] = servers
+    return fc
+
+
+def assign(fc: FederatedCircuit, strategy: str = "flat", n_servers: int = 0) -> FederatedCircuit:
+    """Apply ψ strategy ``strategy`` (servers are ranks ``1..n_servers``) and validate."""
+    if strategy == "flat":
+        assign_flat(fc)
+        fc.meta["assign"] = "flat"
+    elif strategy == "tree":
+        assign_tree(fc, list(range(1, n_servers + 1)))
+    else:
+        raise UserError(f"unknown --assign {strategy!r}; expected one of {', '.join(ASSIGN_STRATEGIES)}")
+    fc.validate()
+    return fc

@@ -1,0 +1,478 @@
+"""One-pass training (Algorithm 1 of the paper), split into a *plan* and an *assembly*.
+
+1. Clients declare feature names, meta-types, row counts (:class:`ClientDeclaration`).
+2. :meth:`OnePassBuilder.plan` builds the indicator matrix ``M`` (clients × features), groups
+   features by identical columns into subspaces ``S(j)`` with owners ``O_S(j)``, and tells every
+   client what to learn (:class:`LeafTask`): one PC per shared subspace over all its rows, and for
+   its single-owner subspace K k-means clusters with one PC each. Seeds derive from
+   ``(seed, client index, subspace, cluster)``, never from ranks.
+3. Clients run :func:`run_client_tasks` on their own rows and report counts (and, for the
+   ``cooccurrence`` glue, one cluster id per aligned row).
+4. :meth:`OnePassBuilder.assemble` builds the circuit: a sum per shared subspace, products that
+   take every sum plus one cluster-PC per single-owner subspace (the glue), a root sum over the
+   products, weights from row counts; trivial nodes are collapsed. Models can be inserted later
+   (:func:`insert_models`), so the server needs only counts to build the structure.
+
+Glue modes (single-owner part):
+
+* ``random`` — the paper: P products, each cluster-PC a child of at least one. Product weights use
+  the paper's rule ``w_i = ρ(N_i) / Σ ρ`` with ``ρ(N) = Σ_{C ∈ ch(N)} ρ(C)`` and ``ρ(leaf) =``
+  its training rows (sums contribute the rows of all their leaves, a constant per product).
+* ``combinatorial`` — all ``Π_j k_j`` combinations. Weight of a combination is the product of the
+  cluster fractions ``Π_j n_{j,k_j} / n_j``: what Assumption 2 gives when the cluster choices are
+  independent (the only joint the server can form from per-client counts).
+* ``cooccurrence`` — opt-in, vertical/hybrid with aligned ids: each single-owner client sends one
+  cluster id per training row (rows in the shared id order). The server counts joint assignments
+  and makes one product per observed combination, weighted by its frequency: Assumption 2's latent
+  mixture estimated directly. **What it reveals:** to the server, a K-ary label per sample id per
+  client, i.e. which of the client's K k-means groups every shared sample fell into (and hence the
+  joint cluster histogram). No feature values are sent.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from mpifc.errors import UserError
+from mpifc.federated.structure import (
+    PRODUCT,
+    SUM,
+    ClientInfo,
+    FederatedCircuit,
+    LeafInfo,
+)
+
+GLUE_MODES = ("random", "combinatorial", "cooccurrence")
+
+
+# -- declarations and plan ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClientDeclaration:
+    """What a client tells the server before training (no data).
+
+    Attributes:
+        index: client index from the manifest.
+        features: feature names the client holds, in its column order.
+        meta_types: per feature, "real", "discrete" or "categorical".
+        n_categories: per feature, number of categories (0 for real).
+        n_rows: training rows.
+        ids_digest: SHA-256 of the client's training sample ids (int64 bytes, in row order),
+            used only to check vertical alignment.
+    """
+
+    index: int
+    features: tuple[str, ...]
+    meta_types: tuple[str, ...]
+    n_categories: tuple[int, ...]
+    n_rows: int
+    ids_digest: str = ""
+
+
+def ids_digest(ids: np.ndarray) -> str:
+    """Digest of a sample-id vector (order matters: aligned clients store ids in the same order)."""
+    return hashlib.sha256(np.ascontiguousarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Subspace:
+    """A feature group ``S(j)``: features sharing one column of ``M``, held by ``owners``."""
+
+    index: int
+    features: tuple[str, ...]
+    owners: tuple[int, ...]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.owners) > 1
+
+
+@dataclass(frozen=True)
+class LeafTask:
+    """One thing a client must learn: PCs over ``features`` of its rows.
+
+    ``n_clusters == 0`` means one PC over all rows (shared subspace); otherwise the rows are split
+    into up to ``n_clusters`` k-means clusters with one PC each.
+    """
+
+    client: int
+    subspace: int
+    features: tuple[str, ...]
+    n_clusters: int
+    seed: int
+    learner: str
+
+
+@dataclass
+class FederationPlan:
+    """Everything the clients need to learn their PCs, and the server to assemble the FC."""
+
+    features: tuple[str, ...]
+    meta_types: dict[str, str]
+    n_categories: dict[str, int]
+    subspaces: list[Subspace]
+    tasks: list[LeafTask]
+    declarations: dict[int, ClientDeclaration]
+    glue: str
+    n_clusters: int
+    n_products: int
+    seed: int
+    target: str | None = None
+    setting: str = ""
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+
+    def tasks_for(self, client: int) -> list[LeafTask]:
+        return [t for t in self.tasks if t.client == client]
+
+    @property
+    def indicator_matrix(self) -> np.ndarray:
+        """``M`` ``(n_clients, n_features)`` int8, rows in ascending client index."""
+        clients = sorted(self.declarations)
+        col = {f: j for j, f in enumerate(self.features)}
+        m = np.zeros((len(clients), len(self.features)), dtype=np.int8)
+        for i, c in enumerate(clients):
+            for f in self.declarations[c].features:
+                m[i, col[f]] = 1
+        return m
+
+
+def derive_seed(*parts: int) -> int:
+    """A 32-bit seed from integer parts (e.g. ``(seed, client, subspace, cluster)``)."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
+
+
+# -- client side -------------------------------------------------------------------------------
+@dataclass
+class LeafReport:
+    """One learned PC: which task, which cluster, how many rows; the model stays on the client
+    until the gather."""
+
+    client: int
+    subspace: int
+    cluster: int
+    n_rows: int
+    learner: str
+    features: tuple[str, ...]
+    model: Any = None
+
+
+@dataclass
+class ClientReport:
+    """What a client produced: its leaves and, for cooccurrence, per-row cluster ids.
+
+    ``cluster_ids`` is ``(n_rows,)`` int64 (cluster of each training row in its single-owner
+    subspace, rows in id order) or ``None``.
+    """
+
+    client: int
+    leaves: list[LeafReport]
+    cluster_ids: np.ndarray | None = None
+
+    def counts(self) -> np.ndarray:
+        """``(n_leaves, 3)`` int64 rows ``(subspace, cluster, n_rows)``: all the server needs."""
+        return np.array([[r.subspace, r.cluster, r.n_rows] for r in self.leaves], dtype=np.int64).reshape(-1, 3)
+
+    @classmethod
+    def from_counts(cls, client: int, counts: np.ndarray, plan: FederationPlan,
+                    cluster_ids: np.ndarray | None = None) -> "ClientReport":
+        """Rebuild a model-less report from :meth:`counts` (server side)."""
+        tasks = {t.subspace: t for t in plan.tasks_for(client)}
+        leaves = []
+        for s, k, n in np.asarray(counts, dtype=np.int64).reshape(-1, 3).tolist():
+            t = tasks.get(s)
+            if t is None:
+                raise UserError(f"client {client} reported a PC for subspace {s}, which it was not asked to learn")
+            leaves.append(LeafReport(client, s, k, n, t.learner, t.features))
+        return cls(client, leaves, cluster_ids)
+
+
+def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """k-means labels ``(n,)`` int64 in ``0..k'-1`` (``k' <= k``; empty clusters dropped)."""
+    n = x.shape[0]
+    k = min(k, n)
+    if k <= 1:
+        return np.zeros(n, dtype=np.int64)
+    from sklearn.cluster import KMeans
+
+    scale = x.std(axis=0)
+    z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
+    labels = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z)
+    # Relabel by first appearance so ids are compact and independent of sklearn's numbering.
+    _, first = np.unique(labels, return_index=True)
+    order = np.argsort(first)
+    remap = np.empty(labels.max() + 1, dtype=np.int64)
+    remap[np.unique(labels)[order]] = np.arange(len(order))
+    return remap[labels]
+
+
+def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features: Sequence[str],
+                     fit: Callable[..., Any] | None = None) -> ClientReport:
+    """Learn every PC the plan asks of ``client`` on its rows ``x`` ``(n_rows, len(features))``.
+
+    Args:
+        fit: ``fit(learner, x, meta_types, seed, n_categories=..., **hp)``; defaults to
+            :func:`mpifc.federated.learners.fit_leaf`.
+    """
+    if fit is None:
+        from mpifc.federated.learners import fit_leaf as fit
+    col = {f: j for j, f in enumerate(features)}
+    leaves: list[LeafReport] = []
+    cluster_ids = None
+    hp = plan.hyperparameters
+    for t in plan.tasks_for(client):
+        xs = x[:, [col[f] for f in t.features]]
+        meta = [plan.meta_types[f] for f in t.features]
+        ks = [plan.n_categories.get(f, 0) for f in t.features]
+        if t.n_clusters == 0:
+            model = fit(t.learner, xs, meta, t.seed, n_categories=ks, **hp)
+            leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
+            continue
+        labels = cluster_rows(xs, t.n_clusters, t.seed)
+        cluster_ids = labels
+        for k in range(int(labels.max()) + 1):
+            rows = xs[labels == k]
+            model = fit(t.learner, rows, meta, derive_seed(t.seed, k), n_categories=ks, **hp)
+            leaves.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
+    return ClientReport(client, leaves, cluster_ids)
+
+
+# -- the builder -------------------------------------------------------------------------------
+class OnePassBuilder:
+    """Algorithm 1: plan from declarations, assemble from counts.
+
+    Args:
+        n_clusters: K, clusters per single-owner subspace.
+        n_products: P, products for the ``random`` glue.
+        glue: one of :data:`GLUE_MODES`.
+        seed: master seed.
+        learner: default learner name; ``learners`` overrides it per client index.
+        hyperparameters: passed to every learner call.
+    """
+
+    def __init__(self, n_clusters: int = 2, n_products: int = 4, glue: str = "random", seed: int = 0,
+                 learner: str = "learnspn", learners: dict[int, str] | None = None,
+                 hyperparameters: dict[str, Any] | None = None) -> None:
+        if glue not in GLUE_MODES:
+            raise UserError(f"unknown glue {glue!r}; expected one of {', '.join(GLUE_MODES)}")
+        if n_clusters < 1:
+            raise UserError(f"--clusters must be >= 1, got {n_clusters}")
+        if n_products < 1:
+            raise UserError(f"--products must be >= 1, got {n_products}")
+        self.n_clusters = int(n_clusters)
+        self.n_products = int(n_products)
+        self.glue = glue
+        self.seed = int(seed)
+        self.learner = learner
+        self.learners = dict(learners or {})
+        self.hyperparameters = dict(hyperparameters or {})
+
+    # Lines 1-7 of Algorithm 1.
+    @staticmethod
+    def merge_declarations(decls: Iterable[ClientDeclaration], feature_order: Sequence[str] | None = None
+                           ) -> tuple[tuple[str, ...], dict[str, str], dict[str, int]]:
+        """Global feature order, meta-types and category counts; conflicts raise naming both clients."""
+        meta: dict[str, tuple[str, int]] = {}
+        cats: dict[str, int] = {}
+        order: list[str] = []
+        for d in sorted(decls, key=lambda d: d.index):
+            if d.n_rows <= 0:
+                raise UserError(f"client {d.index} has zero training rows")
+            if len(set(d.features)) != len(d.features):
+                raise UserError(f"client {d.index} declares a feature twice: {list(d.features)}")
+            for f, m, k in zip(d.features, d.meta_types, d.n_categories):
+                if f in meta and meta[f][0] != m:
+                    raise UserError(f"feature {f!r}: client {meta[f][1]} declares meta-type {meta[f][0]!r} "
+                                    f"but client {d.index} declares {m!r}")
+                if f not in meta:
+                    meta[f] = (m, d.index)
+                    order.append(f)
+                cats[f] = max(cats.get(f, 0), int(k))
+        if feature_order is not None:
+            unknown = [f for f in order if f not in feature_order]
+            if unknown:
+                raise UserError(f"clients declare features {unknown} that the manifest's feature_order lacks")
+            order = [f for f in feature_order if f in meta]
+        return tuple(order), {f: m for f, (m, _) in meta.items()}, cats
+
+    @staticmethod
+    def subspaces(decls: Sequence[ClientDeclaration], features: Sequence[str]) -> list[Subspace]:
+        """Distinct columns of ``M`` → subspaces ``S(j)`` with owners, in first-feature order."""
+        clients = sorted(d.index for d in decls)
+        held = {d.index: set(d.features) for d in decls}
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for f in features:
+            owners = tuple(c for c in clients if f in held[c])
+            groups.setdefault(owners, []).append(f)
+        return [Subspace(j, tuple(fs), owners) for j, (owners, fs) in enumerate(groups.items())]
+
+    def plan(self, decls: Sequence[ClientDeclaration], feature_order: Sequence[str] | None = None,
+             target: str | None = None, setting: str = "") -> FederationPlan:
+        """The plan: subspaces and per-client tasks (no data needed)."""
+        decls = list(decls)
+        if not decls:
+            raise UserError("no clients declared any features")
+        idx = [d.index for d in decls]
+        if len(set(idx)) != len(idx):
+            raise UserError(f"client indices are not unique: {idx}")
+        features, meta, cats = self.merge_declarations(decls, feature_order)
+        subs = self.subspaces(decls, features)
+        single = [s for s in subs if not s.shared]
+        by_index = {d.index: d for d in decls}
+        if setting == "vertical":
+            self._check_aligned([by_index[c] for c in sorted(by_index)], "vertical setting")
+        if self.glue == "cooccurrence":
+            if setting == "horizontal":
+                raise UserError("glue 'cooccurrence' needs vertical or hybrid data (aligned sample ids); "
+                                "the data is horizontal")
+            self._check_aligned([by_index[s.owners[0]] for s in single], "glue 'cooccurrence'")
+        if self.glue == "random" and single:
+            if self.n_products < self.n_clusters:
+                raise UserError(f"--products {self.n_products} < --clusters {self.n_clusters}: every "
+                                f"cluster-PC must be the child of at least one product")
+        tasks = []
+        for s in subs:
+            for c in s.owners:
+                learner = self.learners.get(c, self.learner)
+                k = 0 if s.shared else self.n_clusters
+                tasks.append(LeafTask(c, s.index, s.features, k, derive_seed(self.seed, c, s.index), learner))
+        return FederationPlan(features, meta, cats, subs, tasks, by_index, self.glue, self.n_clusters,
+                              self.n_products, self.seed, target, setting, dict(self.hyperparameters))
+
+    @staticmethod
+    def _check_aligned(decls: list[ClientDeclaration], why: str) -> None:
+        if len(decls) < 2:
+            return
+        ref = decls[0]
+        for d in decls[1:]:
+            if d.n_rows != ref.n_rows or d.ids_digest != ref.ids_digest:
+                raise UserError(f"{why} needs aligned sample ids, but client {d.index} "
+                                f"({d.n_rows} rows) and client {ref.index} ({ref.n_rows} rows) "
+                                f"hold different ids or a different order")
+
+    # Lines 8-22 of Algorithm 1.
+    def assemble(self, plan: FederationPlan, reports: Sequence[ClientReport],
+                 client_ranks: dict[int, int] | None = None) -> FederatedCircuit:
+        """Build the FC from the clients' reports (models optional), weights from counts.
+
+        Args:
+            client_ranks: client index → MPI rank; default ``index + 1`` (rank 0 is the server).
+                Leaves get their client's rank; inner nodes are left unassigned (-1) for ψ.
+        """
+        by_client = {r.client: r for r in reports}
+        missing = sorted(set(plan.declarations) - set(by_client))
+        if missing:
+            raise UserError(f"no report from clients {missing}")
+        ranks = client_ranks or {c: c + 1 for c in plan.declarations}
+        fc = FederatedCircuit(
+            plan.features, plan.meta_types, plan.n_categories,
+            [ClientInfo(c, ranks[c], plan.declarations[c].features) for c in sorted(plan.declarations)],
+            target=plan.target, setting=plan.setting)
+        fc.meta.update(glue=plan.glue, n_clusters=plan.n_clusters, n_products=plan.n_products,
+                       seed=plan.seed)
+        leaf_ids: dict[tuple[int, int, int], int] = {}
+        rows: dict[int, float] = {}
+        for c in sorted(by_client):
+            for r in by_client[c].leaves:
+                if r.n_rows <= 0:
+                    raise UserError(f"client {c}: PC for subspace {r.subspace} cluster {r.cluster} has no rows")
+                nid = fc.add_leaf(LeafInfo(c, tuple(r.features), r.cluster, r.n_rows, r.learner,
+                                           r.subspace, r.model), rank=ranks[c])
+                leaf_ids[(c, r.subspace, r.cluster)] = nid
+                rows[nid] = float(r.n_rows)
+
+        def add(op: str, children: list[int], weights: list[float] | None = None) -> int:
+            # Collapse trivial nodes: a sum or product over one child is that child.
+            if len(children) == 1:
+                return children[0]
+            nid = fc.add_inner(op, children, weights)
+            rows[nid] = float(sum(rows[ch] for ch in children))
+            return nid
+
+        sums = []
+        for s in plan.subspaces:
+            if not s.shared:
+                continue
+            ch = [leaf_ids[(c, s.index, -1)] for c in s.owners if (c, s.index, -1) in leaf_ids]
+            if len(ch) != len(s.owners):
+                raise UserError(f"subspace {s.index} {list(s.features)}: not every owner {list(s.owners)} reported a PC")
+            n = np.array([rows[i] for i in ch])
+            sums.append(add(SUM, ch, list(n / n.sum())))
+        singles = [s for s in plan.subspaces if not s.shared]
+        clusters: list[list[int]] = []  # per single-owner subspace, leaf ids by cluster id
+        for s in singles:
+            c = s.owners[0]
+            ks = sorted(k for (cc, sj, k) in leaf_ids if cc == c and sj == s.index)
+            if not ks or ks != list(range(len(ks))):
+                raise UserError(f"client {c}: cluster PCs for subspace {s.index} are {ks}, expected 0..k-1")
+            clusters.append([leaf_ids[(c, s.index, k)] for k in ks])
+        combos, weights = self._glue(plan, singles, clusters, rows, sums, by_client)
+        products: dict[tuple[int, ...], float] = {}
+        for combo, w in zip(combos, weights):
+            ch = tuple(sums + [clusters[j][k] for j, k in enumerate(combo)])
+            products[ch] = products.get(ch, 0.0) + w  # identical products merge: same mixture
+        prod_ids = [add(PRODUCT, list(ch)) for ch in products]
+        w = np.array(list(products.values()), dtype=np.float64)
+        fc.root = add(SUM, prod_ids, list(w / w.sum()))
+        fc.compact()
+        return fc
+
+    def _glue(self, plan: FederationPlan, singles: list[Subspace], clusters: list[list[int]],
+              rows: dict[int, float], sums: list[int], reports: dict[int, ClientReport]
+              ) -> tuple[list[tuple[int, ...]], list[float]]:
+        """Cluster combinations (one cluster index per single-owner subspace) and their weights."""
+        if not singles:
+            return [()], [1.0]
+        sizes = [len(c) for c in clusters]
+        if plan.glue == "combinatorial":
+            combos = list(itertools.product(*[range(k) for k in sizes]))
+            frac = [np.array([rows[i] for i in cl]) / sum(rows[i] for i in cl) for cl in clusters]
+            return combos, [float(np.prod([frac[j][k] for j, k in enumerate(c)])) for c in combos]
+        if plan.glue == "cooccurrence":
+            labels = []
+            for s in singles:
+                ids = reports[s.owners[0]].cluster_ids
+                if ids is None:
+                    raise UserError(f"glue 'cooccurrence': client {s.owners[0]} sent no cluster ids")
+                labels.append(np.asarray(ids, dtype=np.int64))
+            n = {len(l) for l in labels}
+            if len(n) != 1:
+                raise UserError(f"glue 'cooccurrence': clients sent cluster-id vectors of lengths {sorted(n)}")
+            for s, l, k in zip(singles, labels, sizes):
+                if len(l) and (l.min() < 0 or l.max() >= k):
+                    raise UserError(f"glue 'cooccurrence': client {s.owners[0]} sent cluster ids outside 0..{k - 1}")
+            joint = np.stack(labels, axis=1)
+            uniq, counts = np.unique(joint, axis=0, return_counts=True)
+            return [tuple(int(v) for v in u) for u in uniq], [float(c) for c in counts]
+        # random: P products; the first k_j products cycle through a random permutation of the
+        # clusters so each cluster-PC gets a parent, the rest draw uniformly.
+        rng = np.random.default_rng(derive_seed(plan.seed, 0x61756521))
+        cols = []
+        for k in sizes:
+            first = rng.permutation(k)
+            rest = rng.integers(0, k, size=plan.n_products - k)
+            cols.append(np.concatenate([first, rest]))
+        combos = [tuple(int(c[p]) for c in cols) for p in range(plan.n_products)]
+        sum_rows = float(sum(rows[s] for s in sums))
+        weights = [sum_rows + sum(rows[clusters[j][k]] for j, k in enumerate(c)) for c in combos]
+        return combos, weights
+
+
+def insert_models(fc: FederatedCircuit, models: dict[tuple[int, int, int], Any]) -> FederatedCircuit:
+    """Put learned models into the leaves, keyed by ``(client, subspace, cluster)``."""
+    for n in fc.leaves:
+        key = (n.leaf.client, n.leaf.subspace, n.leaf.cluster)
+        if key in models:
+            n.leaf.model = models[key]
+    return fc
+
+
+def build_single_process(builder: OnePassBuilder, shards: Sequence[tuple[ClientDeclaration, np.ndarray]],
+                         feature_order: Sequence[str] | None = None, target: str | None = None,
+                         setting: str = "", client_ranks: dict[int, int] | None = None) -> FederatedCircuit:
+    """Run Algorithm 1 in one process on ``(declaration, x_train)`` pairs (tests, baselines)."""
+    plan = builder.plan([d for d, _ in shards], feature_order, target, setting)
+    reports = [run_client_tasks(plan, d.index, x, d.features) for d, x in shards]
+    return builder.assemble(plan, reports, client_ranks)

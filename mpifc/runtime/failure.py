@@ -1,0 +1,87 @@
+"""Fail fast: an exception on any rank ends the whole MPI job, naming the rank and the error.
+
+This is what ``python -m mpi4py`` does for scripts; the ``mpifc`` console script and
+:func:`mpifc.runtime.job.run_job` do the same, so no job ever waits forever on a dead peer.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import NoReturn
+
+from mpifc.errors import UserError
+
+# Launcher variables holding this process's rank, for messages before MPI is initialised.
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+_aborting = 0
+
+
+def env_rank() -> int | None:
+    """This process's rank as the launcher put it in the environment, if any (MPI not needed)."""
+    for name in _RANK_VARIABLES:
+        v = os.environ.get(name)
+        if v is not None and v.isdigit():
+            return int(v)
+    return None
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """2 for :class:`UserError`, 130 for Ctrl-C, the code of a SystemExit, 1 otherwise."""
+    if isinstance(exc, UserError):
+        return 2
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 1
+
+
+def error_line(exc: BaseException, rank: int | None) -> str:
+    """``mpifc: rank R: <ErrorType>: <message>`` on one line (``mpifc: ...`` without a rank)."""
+    msg = " ".join(str(exc).split()) or "(no message)"
+    where = f"rank {rank}: " if rank is not None else ""
+    return f"mpifc: {where}{type(exc).__name__}: {msg}"
+
+
+def report(exc: BaseException, rank: int | None) -> int:
+    """Print the error (with traceback for bugs, one line for a :class:`UserError`); returns the
+    exit code."""
+    code = exit_code_for(exc)
+    brief = isinstance(exc, (UserError, KeyboardInterrupt, SystemExit)) or getattr(exc, "brief", False)
+    if not brief or os.environ.get("MPIFC_TRACEBACK"):
+        tb = "".join(traceback.format_exception(exc))
+        prefix = f"[rank {rank}] " if rank is not None else ""
+        sys.stderr.write("".join(prefix + line + "\n" for line in tb.rstrip("\n").split("\n")))
+    sys.stderr.write(error_line(exc, rank) + "\n")
+    sys.stderr.flush()
+    return code
+
+
+def abort_job(exc: BaseException) -> NoReturn:
+    """Report ``exc`` and end the job: ``MPI_Abort`` when MPI runs with several ranks, else exit.
+
+    Set ``MPIFC_TRACEBACK=1`` to get tracebacks for user errors and deadlines too.
+    """
+    global _aborting
+    if _aborting:
+        # Already reported and aborting (e.g. MPI_Abort returned before the launcher killed us).
+        os._exit(_aborting)
+    mpi = sys.modules.get("mpi4py.MPI")
+    world = None
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        world = mpi.COMM_WORLD
+    rank = world.Get_rank() if world is not None else env_rank()
+    if world is None and rank not in (None, 0) and isinstance(exc, UserError):
+        # Before MPI starts every rank sees the same command line and files: one line is enough.
+        sys.exit(exit_code_for(exc))
+    code = report(exc, rank)
+    if world is not None and world.Get_size() > 1:
+        _aborting = code or 1
+        world.Abort(code or 1)
+        # MPICH's MPI_Abort may return while the launcher tears the job down; never run on.
+        os._exit(code or 1)
+    sys.exit(code)

@@ -1,0 +1,154 @@
+"""Evaluation of a trained FC on the held-out test set: distributed upward pass or gathered model.
+
+Distributed: clients evaluate their own leaves. In vertical and hybrid data each client reads its
+own ``test/x`` (its features of the test rows) and first sends a digest of its test ids so the
+server can check alignment. In horizontal data the querier (rank 0) sends each client the query
+rows over its features (``fc.query.evidence``, counted as query traffic), with the target blanked.
+
+One pass per batch computes ``log p(x_{-y}, y = c)`` for every class ``c``: the test
+log-likelihood is the entry of the true class, the prediction the arg-max.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from data_prep.shards import load_manifest, read_client, read_test
+from mpifc.errors import UserError
+from mpifc.federated.evaluate import Query, upward
+from mpifc.federated.one_pass import ids_digest
+from mpifc.federated.serialize import load_fc
+from mpifc.federated.structure import FederatedCircuit
+from mpifc.runtime import fc_protocol as P
+from mpifc.runtime.atomic import atomic_write_bytes
+from mpifc.runtime.fc_query import upward_pass
+
+
+def make_query(fc: FederatedCircuit) -> Query:
+    t = fc.target
+    if t is None or int(fc.n_categories.get(t, 0)) < 2:
+        return Query()
+    return Query(t, int(fc.n_categories[t]))
+
+
+def check_model_matches(fc: FederatedCircuit, manifest: Any, model: str) -> None:
+    """The model's clients must be the manifest's clients with the same features."""
+    for c in fc.clients.values():
+        if not 0 <= c.index < manifest.n_clients:
+            raise UserError(f"{model}: client {c.index} is not in the shard manifest ({manifest.n_clients} clients)")
+        want = tuple(manifest.clients[c.index]["features"])
+        if set(c.features) != set(want):
+            raise UserError(f"{model}: client {c.index} was trained on features {list(c.features)}, "
+                            f"but the shards give it {list(want)}")
+
+
+def batches(n: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + size, n)) for lo in range(0, n, max(size, 1))]
+
+
+def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """This rank's part of ``evaluate``; returns the metrics on rank 0."""
+    manifest = load_manifest(cfg["dir"])
+    distributed = bool(cfg["distributed"])
+    if not distributed:
+        return evaluate_gathered(cfg) if ctx.rank == 0 else None
+    fc = load_fc(cfg["model"], load_models={ctx.rank})
+    check_model_matches(fc, manifest, cfg["model"])
+    fc.validate()  # ψ read from a file may have been edited: a leaf away from its data fails here
+    if ctx.rank not in fc.ranks():
+        return None
+    query = make_query(fc)
+    n = int(manifest.test["n"])
+    evidence_from_querier = manifest.setting == "horizontal" or cfg.get("evidence") == "querier"
+    client_at = {c.rank: c for c in fc.clients.values()}
+    t = ctx.transport
+    ctx.ledger.set_phase("query-setup")
+    test = None
+    if ctx.rank == 0:
+        test = read_test(cfg["dir"])
+        if not evidence_from_querier:
+            want = ids_digest(test.ids)
+            for c in sorted(fc.clients.values(), key=lambda c: c.index):
+                got = t.recv_obj(c.rank, P.QUERY_DECLARE)
+                if got["n_test"] != n or got["ids_digest"] != want:
+                    raise UserError(f"client {c.index} (rank {c.rank}) holds {got['n_test']} test rows whose ids "
+                                    f"do not match {cfg['dir']}/test.h5 ({n} rows) in order")
+    own = None
+    if ctx.rank in client_at and not evidence_from_querier:
+        own = read_client(cfg["dir"], client_at[ctx.rank].index)
+        t.send_obj({"n_test": int(own.x_test.shape[0]), "ids_digest": ids_digest(own.ids_test)}, 0, P.QUERY_DECLARE)
+    ctx.ledger.set_phase("query")
+    roots = []
+    for lo, hi in batches(n, int(cfg["batch"])):
+        cols: dict[str, np.ndarray] = {}
+        if ctx.rank == 0 and evidence_from_querier:
+            for c in sorted(fc.clients.values(), key=lambda c: c.index):
+                idx = [test.features.index(f) for f in c.features]
+                ev = test.x[lo:hi][:, idx].copy()
+                if query.expand_target in c.features:
+                    ev[:, c.features.index(query.expand_target)] = np.nan  # never send the label
+                t.send(ev, c.rank, P.EVIDENCE)
+        if ctx.rank in client_at:
+            c = client_at[ctx.rank]
+            if evidence_from_querier:
+                ev = t.recv(0, P.EVIDENCE)
+                cols = {f: ev[:, j] for j, f in enumerate(c.features)}
+            else:
+                cols = {f: own.x_test[lo:hi, j] for j, f in enumerate(own.features)}
+        root = upward_pass(t, fc, ctx.rank, cols, hi - lo, query)
+        if root is not None:
+            roots.append(root)
+    if ctx.rank != 0:
+        return None
+    if fc.nodes[fc.root].rank != 0:
+        raise UserError(f"{cfg['model']}: the root is on rank {fc.nodes[fc.root].rank}, expected rank 0")
+    return _metrics(fc, np.concatenate(roots), test, query, cfg, "distributed")
+
+
+def evaluate_gathered(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Single-process evaluation of the whole gathered model (no MPI needed).
+
+    Args:
+        cfg: ``dir`` (shards), ``model`` (file), ``batch``; optional ``output_npz``.
+    """
+    manifest = load_manifest(cfg["dir"])
+    fc = load_fc(cfg["model"], load_models=True)
+    check_model_matches(fc, manifest, cfg["model"])
+    fc.validate(require_models=True)
+    test = read_test(cfg["dir"])
+    query = make_query(fc)
+    roots = []
+    for lo, hi in batches(len(test.x), int(cfg["batch"])):
+        cols = {f: test.x[lo:hi, j].copy() for j, f in enumerate(test.features)}
+        if query.expand_target is not None:
+            cols[query.expand_target][:] = np.nan
+        roots.append(upward(fc, cols, query)[fc.root])
+    return _metrics(fc, np.concatenate(roots), test, query, cfg, "gathered")
+
+
+def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, cfg: dict[str, Any],
+             mode: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"mode": mode, "n_test": int(joint.shape[0])}
+    if query.expand_target is not None:
+        y = test.x[:, test.features.index(query.expand_target)].astype(np.int64)
+        ll = joint[np.arange(len(y)), y]
+        pred = np.argmax(joint, axis=1)
+        from sklearn.metrics import f1_score
+
+        out["accuracy"] = float((pred == y).mean())
+        out["f1"] = float(f1_score(y, pred, average="binary" if query.n_classes == 2 else "macro"))
+    else:
+        ll = joint[:, 0]
+        out["accuracy"] = None
+        out["f1"] = None
+    out["test_ll"] = float(ll.mean())
+    train = fc.meta.get("train", {})
+    out["bytes_train"] = train.get("bytes_train")
+    out["train_seconds_critical_path"] = train.get("train_seconds_critical_path")
+    if cfg.get("output_npz"):
+        buf = io.BytesIO()
+        np.savez(buf, joint=joint, ll=ll)
+        atomic_write_bytes(cfg["output_npz"], buf.getvalue())
+    return out

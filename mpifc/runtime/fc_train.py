@@ -1,0 +1,189 @@
+"""One-pass training of a FedPC over MPI (Algorithm 1 with the runtime's byte-counted transport).
+
+Rank layout: rank 0 is the root server, ranks ``1..S`` the intermediate servers of ``--assign
+tree`` (idle during training: ψ only uses them at query time), then one rank per client in
+manifest index order (:func:`mpifc.federated.assign.client_rank_map`). Extra ranks idle.
+
+Protocol (all messages to or from rank 0, phases as named in the ledger):
+
+* ``declare``: client → server ``fc.train.declare`` (names, meta-types, counts, ids digest);
+  the server plans (Algorithm 1, lines 1-7) and sends each client only its own tasks.
+* ``learn``: clients cluster and fit their PCs locally, then send ``fc.train.counts`` (and,
+  with ``--glue cooccurrence``, ``fc.train.cluster_ids``). The server assembles the FC and infers
+  every weight from the counts (lines 8-22), then applies ψ and validates it.
+* ``gather``: clients send each PC as HDF5 bytes (``fc.train.model``) and their timings; the
+  server writes ONE model file atomically and tells everyone it is done.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from mpifc.errors import UserError
+from mpifc.federated.assign import assign, client_rank_map
+from mpifc.federated.one_pass import (
+    ClientDeclaration,
+    ClientReport,
+    FederationPlan,
+    OnePassBuilder,
+    insert_models,
+    run_client_tasks,
+)
+from mpifc.federated.serialize import model_from_bytes, model_to_bytes, save_fc
+from mpifc.runtime import fc_protocol as P
+from mpifc.runtime.fc_data import read_client_data
+
+CLIENT_PHASES = ("read", "learn", "serialize")
+
+
+def client_plan(plan: FederationPlan, client: int) -> FederationPlan:
+    """The part of the plan one client needs: its own tasks and declaration, nothing of others'."""
+    return replace(plan, tasks=plan.tasks_for(client), declarations={client: plan.declarations[client]})
+
+
+def builder_from_config(cfg: dict[str, Any]) -> OnePassBuilder:
+    hp = dict(cfg.get("hyperparameters") or {})
+    return OnePassBuilder(n_clusters=int(cfg["clusters"]), n_products=int(cfg["products"]), glue=cfg["glue"],
+                          seed=int(cfg["seed"]), learner=cfg["learner"],
+                          learners={int(k): v for k, v in (cfg.get("client_learners") or {}).items()},
+                          hyperparameters=hp)
+
+
+def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] | None:
+    """Run this rank's part of training; returns the summary dict on rank 0, else ``None``."""
+    n_servers = int(cfg["servers"]) if cfg["assign"] == "tree" else 0
+    ranks = client_rank_map(range(manifest.n_clients), n_servers)
+    client_of = {r: c for c, r in ranks.items()}
+    if ctx.rank in client_of:
+        _client(ctx, cfg, client_of[ctx.rank])
+        return None
+    if ctx.rank == 0:
+        return _server(ctx, cfg, manifest, ranks, n_servers)
+    return None
+
+
+def warm_up(learners: set[str]) -> None:
+    """Import the heavy modules before any timer starts: import time is not training time."""
+    import importlib
+
+    import sklearn.cluster  # noqa: F401
+    import torch  # noqa: F401
+
+    import mpifc.federated.factorized  # noqa: F401
+
+    for name in learners:
+        mod = {"learnspn": "mpifc.circuit.learnspn", "ratspn": "mpifc.circuit.ratspn",
+               "einet": "mpifc.circuit.einet"}.get(name)
+        if mod:
+            try:
+                importlib.import_module(mod)
+            except ImportError:
+                pass  # the learner call itself reports a missing module clearly
+
+
+def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
+    t = ctx.transport
+    warm_up({cfg["learner"], *(cfg.get("client_learners") or {}).values()})
+    times = dict.fromkeys(CLIENT_PHASES, 0.0)
+    ctx.ledger.set_phase("declare")
+    t0 = time.perf_counter()
+    data = read_client_data(cfg["dir"], index)
+    times["read"] = time.perf_counter() - t0
+    d = data.declaration
+    t.send_obj({"index": d.index, "features": list(d.features), "meta_types": list(d.meta_types),
+                "n_categories": list(d.n_categories), "n_rows": d.n_rows, "ids_digest": d.ids_digest},
+               0, P.DECLARE)
+    plan: FederationPlan = t.recv_obj(0, P.PLAN)
+    ctx.ledger.set_phase("learn")
+    t0 = time.perf_counter()
+    report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
+    times["learn"] = time.perf_counter() - t0
+    t.send(report.counts(), 0, P.COUNTS)
+    if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks):
+        t.send(report.cluster_ids.astype(np.int64), 0, P.CLUSTER_IDS)
+    ctx.ledger.set_phase("gather")
+    t0 = time.perf_counter()
+    blobs = [model_to_bytes(leaf.model) for leaf in report.leaves]
+    times["serialize"] = time.perf_counter() - t0
+    for b in blobs:
+        t.send(b, 0, P.MODEL)
+    t.send(np.array([times[p] for p in CLIENT_PHASES]), 0, P.TIMING)
+    t.recv_obj(0, P.DONE)
+
+
+def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int], n_servers: int
+            ) -> dict[str, Any]:
+    t = ctx.transport
+    warm_up({cfg["learner"], *(cfg.get("client_learners") or {}).values()})
+    busy: dict[str, float] = {}
+    ctx.ledger.set_phase("declare")
+    decls = []
+    for c in sorted(ranks):
+        raw = t.recv_obj(ranks[c], P.DECLARE)
+        if int(raw["index"]) != c:
+            raise UserError(f"rank {ranks[c]} declared client {raw['index']}, expected client {c}")
+        decls.append(ClientDeclaration(c, tuple(raw["features"]), tuple(raw["meta_types"]),
+                                       tuple(int(k) for k in raw["n_categories"]), int(raw["n_rows"]),
+                                       str(raw["ids_digest"])))
+    t0 = time.perf_counter()
+    builder = builder_from_config(cfg)
+    plan = builder.plan(decls, manifest.feature_order, manifest.target, manifest.setting)
+    busy["plan"] = time.perf_counter() - t0
+    for c in sorted(ranks):
+        t.send_obj(client_plan(plan, c), ranks[c], P.PLAN)
+    ctx.ledger.set_phase("learn")
+    reports = []
+    for c in sorted(ranks):
+        counts = t.recv(ranks[c], P.COUNTS)
+        ids = None
+        if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks_for(c)):
+            ids = t.recv(ranks[c], P.CLUSTER_IDS)
+        reports.append(ClientReport.from_counts(c, counts, plan, ids))
+    t0 = time.perf_counter()
+    fc = builder.assemble(plan, reports, ranks)
+    assign(fc, cfg["assign"], n_servers)
+    busy["assemble"] = time.perf_counter() - t0
+    ctx.ledger.set_phase("gather")
+    client_times = {}
+    t_des = 0.0
+    for rep in reports:
+        c = rep.client
+        models = {}
+        for leaf in rep.leaves:
+            blob = t.recv(ranks[c], P.MODEL)
+            t0 = time.perf_counter()
+            models[(c, leaf.subspace, leaf.cluster)] = model_from_bytes(blob)
+            t_des += time.perf_counter() - t0
+        insert_models(fc, models)
+        client_times[c] = dict(zip(CLIENT_PHASES, t.recv(ranks[c], P.TIMING).tolist()))
+    busy["deserialize"] = t_des
+    fc.validate(require_models=True)
+    rows = ctx.ledger.rows
+    sent = ctx.ledger.sent
+    bytes_train = int(rows["payload_bytes"].sum() + rows["header_bytes"].sum() + sent[:, 1].sum() + sent[:, 2].sum())
+    messages = int(len(rows) + sent[:, 0].sum())
+    client_busy = {c: float(sum(v.values())) for c, v in client_times.items()}
+    server_busy = float(sum(busy.values()))
+    summary = {
+        "model": str(cfg["model"]),
+        "setting": manifest.setting,
+        "learner": cfg["learner"], "glue": cfg["glue"], "clusters": int(cfg["clusters"]),
+        "products": int(cfg["products"]), "seed": int(cfg["seed"]), "assign": cfg["assign"],
+        "n_nodes": len(fc.nodes), "n_leaves": len(fc.leaves), "n_parameters": fc.num_parameters(),
+        "bytes_train": bytes_train, "messages_train": messages,
+        "ranks": ctx.size,
+        # Busy seconds only (waiting excluded); the file write is left out of both figures.
+        "train_seconds_critical_path": max(client_busy.values()) + server_busy,
+        "train_seconds_total": sum(client_busy.values()) + server_busy,
+        "client_seconds": {str(c): v for c, v in client_times.items()},
+        "server_seconds": dict(busy),
+    }
+    fc.meta.update(train=summary)
+    save_fc(fc, cfg["model"])
+    for c in sorted(ranks):
+        t.send_obj("ok", ranks[c], P.DONE)
+    return summary

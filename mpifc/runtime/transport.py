@@ -1,0 +1,480 @@
+"""Byte-counted point-to-point transport over mpi4py.
+
+Arrays (numpy, or torch tensors, moved to the CPU) travel with the uppercase buffer API behind a
+small typed header (see :mod:`mpifc.runtime.wire`); small payloads ride inside the header message
+so a small message costs one MPI message. Pickling is only for small control objects
+(:meth:`Transport.send_obj`), and those are counted too.
+
+Every receive and every send has a deadline: waiting is done by polling (``Improbe`` / ``Test``),
+first spinning briefly so latency stays low, then backing off with short sleeps so a waiting
+rank does not burn a core. When the deadline passes, :class:`DeadlineExceeded` names the peer
+and the awaited kind.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from mpi4py import MPI
+
+from mpifc.runtime import wire
+from mpifc.runtime.kinds import MessageKind, as_kind, kind_by_id
+from mpifc.runtime.ledger import CommLedger
+
+INLINE_MAX_BYTES = 16 * 1024
+CHUNK_BYTES = 1 << 30           # keeps each MPI count far below 2**31 - 1
+MAX_PICKLE_BYTES = 64 << 20     # send_obj is for control messages; arrays go through send()
+
+_BF16_CODE = 15                 # dtype code of torch.bfloat16 (carried as uint16 bits)
+
+
+class DeadlineExceeded(RuntimeError):
+    """A send or receive waited longer than the transport's deadline."""
+
+    brief = True  # an expected failure mode: reported in one line, without traceback
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _is_torch(x: Any) -> bool:
+    # Checking the type's module avoids importing torch (seconds) in jobs that never use it.
+    return type(x).__module__.startswith("torch")
+
+
+def to_wire_array(x: Any) -> tuple[np.ndarray, int, int]:
+    """A C-contiguous numpy view/copy of ``x``, its dtype code and extra flags.
+
+    Accepts numpy arrays and scalars, anything ``np.asarray`` turns into a numeric array, and
+    torch tensors (any device; bfloat16 travels as its uint16 bits).
+    """
+    flags = 0
+    if _is_torch(x):
+        import torch
+
+        t = x.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        if t.dtype == torch.bfloat16:
+            arr = t.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+            return _contiguous(arr), _BF16_CODE, wire.FLAG_BF16
+        arr = t.cpu().contiguous().numpy()
+    else:
+        arr = np.asarray(x)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    code = wire.DTYPE_CODES.get(arr.dtype)
+    if code is None:
+        raise TypeError(f"cannot send an array of dtype {arr.dtype}: use send_obj for Python objects")
+    if arr.ndim > wire.MAX_NDIM:
+        raise ValueError(f"cannot send an array of {arr.ndim} dimensions (max {wire.MAX_NDIM})")
+    return _contiguous(arr), code, flags
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    # np.ascontiguousarray turns 0-d arrays into 1-d ones, so copy only when needed.
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _byte_view(arr: np.ndarray) -> memoryview:
+    """The bytes of a contiguous array, writable when the array is (0-d and empty work too)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+@dataclass
+class PendingSend:
+    """An in-flight :meth:`Transport.isend`; keeps its buffers alive until complete."""
+
+    requests: list[MPI.Request]
+    buffers: list[Any]
+    dest: int
+    kind: MessageKind
+    nbytes: int
+    transport: "Transport" = field(repr=False)
+
+    def done(self) -> bool:
+        """True once every MPI message of this send has completed."""
+        return bool(MPI.Request.Testall(self.requests))
+
+    def wait(self) -> None:
+        """Block (honouring the deadline) until the send is complete."""
+        self.transport._wait_requests(self.requests, self.nbytes,
+                                      lambda: f"rank {self.dest} to receive a {self.kind.name!r} message "
+                                              f"({self.nbytes} bytes) from rank {self.transport.rank}")
+
+
+class Transport:
+    """Point-to-point, byte-counted, deadline-bounded messaging between the ranks of ``comm``.
+
+    Args:
+        comm: the job's communicator (the runtime uses a private duplicate of COMM_WORLD).
+        ledger: where received messages are recorded; sends are counted per destination.
+        deadline: seconds any single send or receive may wait before :class:`DeadlineExceeded`.
+        spin_s: seconds a wait for a message spins before it starts sleeping.
+        max_sleep_s: longest sleep between two polls once backed off, s.
+        inline_max: payloads up to this many bytes travel inside the header message.
+        chunk_bytes: payloads above this size are split into MPI messages of at most this size.
+    """
+
+    def __init__(self, comm: MPI.Comm, ledger: CommLedger, deadline: float = 300.0, *,
+                 spin_s: float = 2e-3, max_sleep_s: float = 2e-3,
+                 inline_max: int = INLINE_MAX_BYTES, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.comm = comm
+        self.ledger = ledger
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.deadline = float(deadline) if deadline and deadline > 0 else float("inf")
+        self.spin_s = spin_s
+        self.max_sleep_s = max_sleep_s
+        self.inline_max = int(inline_max)
+        self.chunk_bytes = int(chunk_bytes)
+        if self.chunk_bytes <= 0 or self.chunk_bytes > (1 << 31) - 1:
+            raise ValueError(f"chunk_bytes must be in 1..2**31-1, got {chunk_bytes}")
+        tag_ub = comm.Get_attr(MPI.TAG_UB)
+        if tag_ub is not None and tag_ub < (1 << 15) - 1:
+            raise RuntimeError(f"this MPI's MPI_TAG_UB is {tag_ub}, below the standard's 32767")
+        self._status = MPI.Status()
+        # One reusable buffer for header messages (header + inline payload); every rank must use
+        # the same inline_max, since a longer header message would not fit.
+        self._hbuf = bytearray(wire.header_size(wire.MAX_NDIM) + self.inline_max)
+        self._to_self: list[PendingSend] = []   # sends to this rank, kept alive until received
+        # Messages per (peer, kind id), both directions: lets an actor's shutdown say how many
+        # messages of each kind preceded it (MPI orders messages only within one tag).
+        self.sent_counts: dict[tuple[int, int], int] = {}
+        self.received_counts: dict[tuple[int, int], int] = {}
+
+    # ------------------------------------------------------------------------------- sending
+    def send(self, x: Any, dest: int, kind: MessageKind | str) -> None:
+        """Send an array or tensor to ``dest`` and return once MPI has taken it (deadline-bounded).
+
+        A send to this rank itself returns at once (MPI completes it only when received).
+        """
+        self._complete_send(self.isend(x, dest, kind))
+
+    def _complete_send(self, pending: PendingSend) -> None:
+        if pending.dest != self.rank:
+            pending.wait()
+            return
+        self._to_self = [p for p in self._to_self if not p.done()]
+        self._to_self.append(pending)
+
+    def isend(self, x: Any, dest: int, kind: MessageKind | str) -> PendingSend:
+        """Start sending an array or tensor; ``x`` must not be modified until the send is done."""
+        arr, code, flags = to_wire_array(x)
+        return self._isend_array(arr, code, flags, dest, as_kind(kind))
+
+    def send_obj(self, obj: Any, dest: int, kind: MessageKind | str) -> None:
+        """Send a small picklable control object (counted like any message)."""
+        self._complete_send(self.isend_obj(obj, dest, kind))
+
+    def isend_obj(self, obj: Any, dest: int, kind: MessageKind | str) -> PendingSend:
+        """Non-blocking :meth:`send_obj`."""
+        k = as_kind(kind)
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > MAX_PICKLE_BYTES:
+            raise ValueError(f"{k.name!r}: pickled object of {len(data)} bytes exceeds {MAX_PICKLE_BYTES}; "
+                             f"send arrays with send()")
+        arr = np.frombuffer(data, dtype=np.uint8)
+        return self._isend_array(arr, wire.DTYPE_CODES[np.dtype(np.uint8)], wire.FLAG_PICKLE, dest, k)
+
+    def _isend_array(self, arr: np.ndarray, code: int, flags: int, dest: int, kind: MessageKind) -> PendingSend:
+        self._check_peer(dest, "send to")
+        nbytes = arr.nbytes
+        hlen = wire.header_size(arr.ndim)
+        tag = kind.tag
+        t_send = _now()
+        if nbytes <= self.inline_max:
+            buf = bytearray(hlen + nbytes)
+            wire.pack_header(buf, code, arr.shape, flags | wire.FLAG_INLINE, kind.kind_id, 0, t_send, nbytes)
+            if nbytes:
+                buf[hlen:] = _byte_view(arr)
+            reqs = [self.comm.Isend([buf, len(buf), MPI.BYTE], dest, tag)]
+            buffers: list[Any] = [buf]
+        else:
+            n_chunks = -(-nbytes // self.chunk_bytes)
+            buf = bytearray(hlen)
+            wire.pack_header(buf, code, arr.shape, flags, kind.kind_id, n_chunks, t_send, nbytes)
+            view = _byte_view(arr)
+            reqs = [self.comm.Isend([buf, hlen, MPI.BYTE], dest, tag)]
+            for c in range(n_chunks):
+                lo = c * self.chunk_bytes
+                piece = view[lo: lo + self.chunk_bytes]
+                reqs.append(self.comm.Isend([piece, len(piece), MPI.BYTE], dest, tag))
+            buffers = [buf, arr]
+        self.ledger.count_sent(dest, nbytes, hlen)
+        key = (dest, kind.kind_id)
+        self.sent_counts[key] = self.sent_counts.get(key, 0) + 1
+        return PendingSend(reqs, buffers, dest, kind, nbytes, self)
+
+    # ----------------------------------------------------------------------------- receiving
+    def recv(self, source: int, kind: MessageKind | str, out: np.ndarray | None = None) -> np.ndarray:
+        """Receive the next ``kind`` array from ``source``.
+
+        Args:
+            source: the sending rank.
+            kind: the message kind awaited.
+            out: optional C-contiguous array of the sender's dtype and shape to receive into
+                (saves allocating and page-faulting a fresh array in hot loops).
+
+        Returns:
+            A writable numpy array with the sender's dtype and shape (``out`` itself if given;
+            bfloat16 comes back as float32; use :meth:`recv_tensor` to keep it).
+        """
+        k = as_kind(kind)
+        value, flags = self._recv_posted(source, k, out)
+        return self._as_array(value, flags, k)
+
+    def recv_tensor(self, source: int, kind: MessageKind | str, device: Any = None) -> Any:
+        """Receive the next ``kind`` array from ``source`` as a torch tensor on ``device``."""
+        import torch
+
+        k = as_kind(kind)
+        value, flags = self._recv_posted(source, k, None)
+        if flags & wire.FLAG_PICKLE:
+            raise TypeError(f"{k.name!r} from rank {source}: expected an array, got a pickled object")
+        if flags & wire.FLAG_BF16:
+            t = torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(value)
+        return t.to(device) if device is not None else t
+
+    def recv_obj(self, source: int, kind: MessageKind | str) -> Any:
+        """Receive the next ``kind`` message from ``source``: the object (or array) sent."""
+        value, flags = self._recv_posted(source, as_kind(kind), None)
+        return self._decode(value, flags)
+
+    def recv_any(self, kind: MessageKind | str, sources: Iterable[int] | None = None) -> tuple[int, Any]:
+        """Receive the next ``kind`` message from any rank (or any of ``sources``).
+
+        Returns:
+            ``(source rank, value)``: value is an array, or the object for pickled messages.
+        """
+        k = as_kind(kind)
+        if sources is None:
+            value, flags, src = self._recv_posted(MPI.ANY_SOURCE, k, None, want_source=True)
+            return src, self._decode(value, flags)
+        srcs = list(sources)
+        src, _, value, flags = self._recv_probed([(s, k) for s in srcs], lambda: self._waiting_for(srcs, [k]))
+        return src, self._decode(value, flags)
+
+    def recv_any_kind(self, kinds: Iterable[MessageKind | str], sources: Iterable[int] | None = None
+                      ) -> tuple[int, MessageKind, Any]:
+        """Receive the next message of any of ``kinds`` from any rank (or any of ``sources``).
+
+        Returns:
+            ``(source rank, kind, value)``.
+        """
+        ks = [as_kind(k) for k in kinds]
+        srcs = None if sources is None else list(sources)
+        pairs = [(s, k) for k in ks for s in (srcs if srcs is not None else [MPI.ANY_SOURCE])]
+        src, k, value, flags = self._recv_probed(pairs, lambda: self._waiting_for(srcs, ks))
+        return src, k, self._decode(value, flags)
+
+    def try_recv(self, source: int, kind: MessageKind | str) -> tuple[bool, Any]:
+        """Non-blocking: ``(True, value)`` if a ``kind`` message from ``source`` had arrived (it is
+        then received in full), else ``(False, None)``."""
+        k = as_kind(kind)
+        self._check_peer(source, "receive from")
+        status = self._status
+        msg = self.comm.Improbe(source, k.tag, status)
+        if msg is None:
+            return False, None
+        count = status.Get_count(MPI.BYTE)
+        msg.Recv([self._hbuf, count, MPI.BYTE])
+        value, flags = self._take_payload(count, source, k, None)
+        return True, self._decode(value, flags)
+
+    def flush(self) -> None:
+        """Wait (deadline-bounded) until every send to this rank itself has been received."""
+        for p in self._to_self:
+            p.wait()
+        self._to_self.clear()
+
+    def barrier(self) -> None:
+        """A barrier over the communicator that honours the deadline (not counted: no payload)."""
+        req = self.comm.Ibarrier()
+        self._wait_requests([req], 0,
+                            lambda: f"every rank to reach a barrier (rank {self.rank} waited)")
+
+    # -------------------------------------------------------------------------------- helpers
+    def _check_peer(self, peer: int, verb: str) -> None:
+        if not 0 <= peer < self.size:
+            raise ValueError(f"rank {self.rank}: cannot {verb} rank {peer}: the job has ranks 0..{self.size - 1}")
+
+    def _waiting_for(self, sources: list[int] | None, kinds: list[MessageKind]) -> str:
+        who = "any rank" if sources is None else (
+            f"rank {sources[0]}" if len(sources) == 1 else f"any of ranks {sources}")
+        what = " or ".join(repr(k.name) for k in kinds)
+        return f"a {what} message from {who}"
+
+    def _poll(self, test: Callable[[], bool], spin_s: float) -> bool:
+        """Call ``test`` until it is true (-> True) or the deadline passes (-> False).
+
+        Spins first (latency), yielding the core after 50 us so an oversubscribed peer can run,
+        then sleeps with exponential back-off up to ``max_sleep_s`` (CPU).
+        """
+        if test():
+            return True
+        t0 = time.perf_counter()
+        deadline_at = t0 + self.deadline
+        yield_after = t0 + 5e-5
+        spin_until = t0 + spin_s
+        sleep = 20e-6
+        while not test():
+            now = time.perf_counter()
+            if now >= deadline_at:
+                return False
+            if now >= spin_until:
+                time.sleep(sleep)
+                sleep = min(sleep * 2, self.max_sleep_s)
+            elif now >= yield_after:
+                os.sched_yield()
+        return True
+
+    def _recv_posted(self, source: int, kind: MessageKind, out: np.ndarray | None,
+                     want_source: bool = False) -> Any:
+        """Receive one message with a posted ``Irecv`` of the header (the low-latency path)."""
+        if source != MPI.ANY_SOURCE:
+            self._check_peer(source, "receive from")
+        status = self._status
+        req = self.comm.Irecv([self._hbuf, len(self._hbuf), MPI.BYTE], source, kind.tag)
+        if not self._poll(lambda: req.Test(status), self.spin_s):
+            req.Cancel()
+            req.Wait(status)
+            if status.Is_cancelled():
+                who = None if source == MPI.ANY_SOURCE else [source]
+                raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for "
+                                       f"{self._waiting_for(who, [kind])}")
+            # It arrived while we cancelled: use it.
+        count, src = status.Get_count(MPI.BYTE), status.Get_source()
+        value, flags = self._take_payload(count, src, kind, out)
+        return (value, flags, src) if want_source else (value, flags)
+
+    def _recv_probed(self, pairs: list[tuple[int, MessageKind]], describe: Callable[[], str]
+                     ) -> tuple[int, MessageKind, np.ndarray, int]:
+        """Receive one message matching any ``(source, kind)`` pair (``Improbe`` polling)."""
+        comm, status = self.comm, self._status
+        for s, _ in pairs:
+            if s != MPI.ANY_SOURCE:
+                self._check_peer(s, "receive from")
+        found: list[Any] = []
+
+        def probe() -> bool:
+            for src, k in pairs:
+                msg = comm.Improbe(src, k.tag, status)
+                if msg is not None:
+                    found.append((msg, k))
+                    return True
+            return False
+
+        if not self._poll(probe, self.spin_s):
+            raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+        msg, k = found[0]
+        count, src = status.Get_count(MPI.BYTE), status.Get_source()
+        if count > len(self._hbuf):
+            raise wire.WireError(f"rank {self.rank}: {k.name!r} from rank {src}: header message of {count} "
+                                 f"bytes exceeds {len(self._hbuf)} (do the ranks use the same inline_max?)")
+        msg.Recv([self._hbuf, count, MPI.BYTE])
+        value, flags = self._take_payload(count, src, k, None)
+        return src, k, value, flags
+
+    def _take_payload(self, count: int, src: int, kind: MessageKind, out: np.ndarray | None) -> tuple[np.ndarray, int]:
+        """Given a header message of ``count`` bytes in ``self._hbuf``: take its payload (inline or
+        by receiving the chunks), record the ledger row."""
+        key = (src, kind.kind_id)
+        self.received_counts[key] = self.received_counts.get(key, 0) + 1
+        hbuf = self._hbuf
+        code, shape, flags, kind_id, n_chunks, t_send, nbytes, hlen = wire.unpack_header(hbuf, count)
+        if kind_id != kind.kind_id:
+            raise wire.WireError(f"rank {self.rank}: header from rank {src} says kind id {kind_id}, "
+                                 f"expected {kind.name!r} ({kind.kind_id})")
+        dtype = CODE_DTYPES_BF16.get(code) if flags & wire.FLAG_BF16 else wire.CODE_DTYPES.get(code)
+        if dtype is None:
+            raise wire.WireError(f"rank {self.rank}: unknown dtype code {code} from rank {src}")
+        if out is not None:
+            if out.dtype != dtype or out.shape != shape or not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError(f"rank {self.rank}: {kind.name!r} from rank {src} is {dtype}{list(shape)}; "
+                                 f"out= is {out.dtype}{list(out.shape)}"
+                                 f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
+            arr = out
+        if flags & wire.FLAG_INLINE:
+            if count - hlen != nbytes:
+                raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: header says "
+                                     f"{nbytes} payload bytes, message carries {count - hlen}")
+            if out is None:
+                arr = np.empty(shape, dtype=dtype)
+            if nbytes:
+                # The header buffer is reused by the next receive, so the payload is copied out.
+                _byte_view(arr)[:] = memoryview(hbuf)[hlen:count]
+            self.ledger.record(kind_id, src, nbytes, hlen, 1, t_send, _now())
+            return arr, flags
+        if out is None:
+            arr = np.empty(shape, dtype=dtype)
+        view = _byte_view(arr)
+        if len(view) != nbytes:
+            raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: shape {shape} of "
+                                 f"{dtype} is not {nbytes} bytes")
+        reqs = []
+        for c in range(n_chunks):
+            lo = c * self.chunk_bytes
+            piece = view[lo: lo + self.chunk_bytes]
+            reqs.append(self.comm.Irecv([piece, len(piece), MPI.BYTE], src, kind.tag))
+        statuses = [MPI.Status() for _ in reqs]
+        self._wait_requests(reqs, nbytes,
+                            lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}",
+                            statuses)
+        got = sum(s.Get_count(MPI.BYTE) for s in statuses)
+        if got != nbytes:
+            raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: received {got} payload "
+                                 f"bytes, header announced {nbytes}")
+        self.ledger.record(kind_id, src, got, count, 1 + n_chunks, t_send, _now())
+        return arr, flags
+
+    def _wait_requests(self, reqs: list[MPI.Request], nbytes: int, describe: Callable[[], str],
+                       statuses: list[MPI.Status] | None = None) -> None:
+        """Poll ``Testall`` until done or the deadline passes (then cancel and raise).
+
+        Data transfers need MPI progress from this rank, so spinning lasts longer than when
+        waiting for a peer to start talking (about 1 s plus 1 s per 500 MB).
+        """
+        if statuses is None:
+            done = self._poll(lambda: MPI.Request.Testall(reqs), max(self.spin_s, 1.0 + nbytes / 5e8))
+        else:
+            done = self._poll(lambda: MPI.Request.Testall(reqs, statuses), max(self.spin_s, 1.0 + nbytes / 5e8))
+        if done:
+            return
+        for r in reqs:
+            # Cancel what has not matched so MPI does not write into freed buffers later.
+            if r != MPI.REQUEST_NULL:
+                try:
+                    r.Cancel()
+                except MPI.Exception:
+                    pass
+        raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+
+    @staticmethod
+    def _as_array(value: np.ndarray, flags: int, kind: MessageKind | str) -> np.ndarray:
+        if flags & wire.FLAG_PICKLE:
+            raise TypeError(f"{as_kind(kind).name!r}: expected an array, got a pickled object (use recv_obj)")
+        if flags & wire.FLAG_BF16:
+            # bfloat16 bits are the top half of a float32.
+            return (value.astype(np.uint32) << 16).view(np.float32)
+        return value
+
+    @staticmethod
+    def _decode(value: np.ndarray, flags: int) -> Any:
+        if flags & wire.FLAG_PICKLE:
+            return pickle.loads(value.tobytes() if not value.flags.c_contiguous else memoryview(value))
+        return Transport._as_array(value, flags, "")
+
+
+CODE_DTYPES_BF16 = {_BF16_CODE: np.dtype(np.uint16)}
+
+__all__ = ["Transport", "DeadlineExceeded", "PendingSend", "to_wire_array", "INLINE_MAX_BYTES", "CHUNK_BYTES"]

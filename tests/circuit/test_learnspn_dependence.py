@@ -1,0 +1,109 @@
+"""RDC and G-test dependence measures, and the column/row splits built on them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpifc.circuit.rdc import _random_feature_rdc, gtest_pvalues, rdc_matrix
+from mpifc.circuit.splitting import split_columns_gtest, split_columns_rdc, split_rows
+
+
+def _blocks(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Two independent blocks of three strongly coupled binary variables: {0,1,2} and {3,4,5}."""
+    cols = []
+    for _ in range(2):
+        z = rng.random(n) < 0.5
+        for _ in range(3):
+            flip = rng.random(n) < 0.1
+            cols.append(np.where(flip, ~z, z))
+    return np.column_stack(cols).astype(np.float64)
+
+
+def test_rdc_detects_nonlinear_dependence_and_independence() -> None:
+    rng = np.random.default_rng(0)
+    n = 1500
+    x = rng.normal(size=n)
+    y = x**2 + 0.05 * rng.normal(size=n)  # not monotone: Pearson/Spearman correlation ~ 0
+    z = rng.normal(size=n)
+    r = rdc_matrix(np.column_stack([x, y, z]), rng=np.random.default_rng(1))
+    assert abs(np.corrcoef(x, y)[0, 1]) < 0.2
+    assert r[0, 1] > 0.8
+    assert r[0, 2] < 0.15 and r[1, 2] < 0.15
+    assert np.allclose(r, r.T) and np.all((r >= 0) & (r <= 1))
+
+
+def test_rdc_one_hot_detects_nonmonotone_categorical_dependence() -> None:
+    rng = np.random.default_rng(2)
+    n = 1000
+    c = rng.integers(0, 3, size=n)
+    y = np.array([0.0, 5.0, 1.0])[c] + 0.3 * rng.normal(size=n)
+    noise = rng.normal(size=n)
+    r = rdc_matrix(np.column_stack([c, y, noise]), categorical=[True, False, False], cards=[3, 0, 0],
+                   rng=np.random.default_rng(0))
+    assert r[0, 1] > 0.8
+    assert r[0, 2] < 0.15
+
+
+def test_binary_shortcut_equals_general_rdc() -> None:
+    """For two-valued columns the closed form |corr| is what the random-feature CCA computes."""
+    rng = np.random.default_rng(3)
+    data = _blocks(800, rng)
+    general = _random_feature_rdc(data, [False] * 6, [2] * 6, 10, 1 / 6, np.random.default_rng(0))
+    fast = rdc_matrix(data, rng=np.random.default_rng(0))
+    assert np.allclose(general, fast, atol=1e-6)
+    assert np.allclose(fast[0, 1], abs(np.corrcoef(data[:, 0], data[:, 1])[0, 1]))
+
+
+def test_rdc_constant_column_is_independent_of_everything() -> None:
+    rng = np.random.default_rng(4)
+    data = np.column_stack([rng.normal(size=300), np.full(300, 2.5), rng.normal(size=300)])
+    r = rdc_matrix(data, rng=np.random.default_rng(0))
+    assert np.all(np.isfinite(r))
+    assert r[1, 0] == 0.0 and r[1, 2] == 0.0
+
+
+def test_rdc_split_separates_independent_groups() -> None:
+    rng = np.random.default_rng(5)
+    n = 1000
+    a = rng.normal(size=n)
+    b = rng.normal(size=n)
+    data = np.column_stack([a, np.sin(3 * a) + 0.1 * rng.normal(size=n), b, np.exp(b)])
+    groups = split_columns_rdc(data, [False] * 4, [0] * 4, 0.3, np.random.default_rng(0))
+    assert [g.tolist() for g in groups] == [[0, 1], [2, 3]]
+
+
+def test_gtest_splits_independent_binary_blocks() -> None:
+    data = _blocks(2000, np.random.default_rng(6))
+    groups = split_columns_gtest(data, [2] * 6, pvalue=0.001)
+    assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4, 5]]
+    p = gtest_pvalues(data, [2] * 6)
+    assert p[0, 1] < 1e-10 and p[0, 4] > 1e-3
+
+
+def test_gtest_matches_contingency_table_statistic() -> None:
+    """Cross-check one pair against scipy's G-test (log-likelihood ratio) on the 3x2 table."""
+    from scipy.stats import chi2_contingency
+
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 3, size=500)
+    b = (rng.random(500) < np.array([0.2, 0.5, 0.6])[a]).astype(int)
+    table = np.zeros((3, 2))
+    np.add.at(table, (a, b), 1)
+    _, p_ref, _, _ = chi2_contingency(table, correction=False, lambda_="log-likelihood")
+    p = gtest_pvalues(np.column_stack([a, b]).astype(float), [3, 2])
+    assert p[0, 1] == pytest.approx(p_ref, rel=1e-8)
+
+
+@pytest.mark.parametrize("method", ["kmeans", "gmm"])
+def test_row_split_finds_two_separated_clusters(method: str) -> None:
+    rng = np.random.default_rng(8)
+    data = np.vstack([rng.normal(-5, 1, size=(150, 2)), rng.normal(5, 1, size=(100, 2))])
+    labels = split_rows(data, method, 2, seed=0)
+    assert set(labels.tolist()) == {0, 1}
+    assert labels[0] == 0  # canonical labels: first row is in cluster 0
+    assert np.all(labels[:150] == labels[0]) and np.all(labels[150:] != labels[0])
+
+
+def test_row_split_of_identical_rows_is_one_cluster() -> None:
+    labels = split_rows(np.ones((50, 3)), "kmeans", 2, seed=0)
+    assert np.all(labels == 0)

@@ -1,0 +1,210 @@
+"""Contract tests: the same battery against every leaf type."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from mpifc.circuit.leaves import (LEAF_TYPES, LOG_ZERO, Bernoulli, Categorical, DiscretizedGaussian,
+                                  Gaussian, Histogram, PiecewiseLinear, fit_leaf)
+from mpifc.errors import UserError
+
+from .conftest import CONTINUOUS_KINDS, DISCRETE_KINDS, LEAF_KINDS, LeafKind, grid, ids
+
+
+def _total_mass(kind: LeafKind, leaf) -> float:
+    if kind.domain is not None:
+        return float(leaf.log_prob(np.array(kind.domain)).exp().sum())
+    h = 0.005
+    pts, h = grid(kind, int(round((kind.box[1] - kind.box[0]) / h)))
+    return float(leaf.log_prob(pts).exp().sum()) * h
+
+
+@pytest.mark.parametrize("kind", LEAF_KINDS, ids=ids(LEAF_KINDS))
+def test_normalised(kind: LeafKind, rng: np.random.Generator) -> None:
+    for _ in range(3):
+        assert _total_mass(kind, kind.make(rng)) == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", LEAF_KINDS, ids=ids(LEAF_KINDS))
+def test_nan_is_marginalised_and_extremes_are_finite(kind: LeafKind, rng: np.random.Generator) -> None:
+    leaf = kind.make(rng)
+    x = np.array([np.nan, 1e300, -1e300, np.inf, -np.inf, 0.5, 1e-300])
+    lp = leaf.log_prob(x)
+    assert lp[0] == 0.0
+    assert torch.all(torch.isfinite(lp))
+    assert torch.all(lp <= 50)
+
+
+@pytest.mark.parametrize("kind", LEAF_KINDS, ids=ids(LEAF_KINDS))
+def test_mode_is_most_probable(kind: LeafKind, rng: np.random.Generator) -> None:
+    leaf = kind.make(rng)
+    if kind.domain is not None:
+        pts = np.array(kind.domain)
+    else:
+        pts, _ = grid(kind, 2000)
+    best = float(leaf.log_prob(pts).max())
+    assert float(leaf.log_prob([leaf.mode()])[0]) >= best - 1e-9
+
+
+@pytest.mark.parametrize("kind", LEAF_KINDS, ids=ids(LEAF_KINDS))
+def test_sample_frequencies_match(kind: LeafKind) -> None:
+    rng = np.random.default_rng(7)
+    leaf = kind.make(rng)
+    s = leaf.sample(4000, np.random.default_rng(8))
+    if kind.domain is not None:
+        p = leaf.log_prob(np.array(kind.domain)).exp().numpy()
+        obs = np.array([(s == v).sum() for v in kind.domain])
+        assert obs.sum() == len(s)
+    else:
+        edges = np.linspace(*kind.box, 9) if kind.name != "gaussian" else np.array([-7, -1, -0.5, 0, 0.5, 1, 7.0])
+        pts, h = grid(kind, 7000)
+        dens = leaf.log_prob(pts).exp().numpy() * h
+        p = np.array([dens[(pts >= a) & (pts < b)].sum() for a, b in zip(edges[:-1], edges[1:])])
+        obs, _ = np.histogram(s, bins=edges)
+        assert obs.sum() == len(s)
+    keep = p > 1e-9
+    assert stats.chisquare(obs[keep], p[keep] / p[keep].sum() * obs.sum()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("kind", LEAF_KINDS, ids=ids(LEAF_KINDS))
+def test_stack_unstack_round_trip(kind: LeafKind, rng: np.random.Generator) -> None:
+    leaves = [kind.make(rng) for _ in range(4)]
+    cls = type(leaves[0])
+    back = cls.unstack(cls.stack(leaves))
+    x = np.array(kind.domain if kind.domain else [-0.5, 0.0, 0.7])
+    for a, b in zip(leaves, back):
+        assert torch.equal(a.log_prob(x), b.log_prob(x))
+        assert a.num_parameters() == b.num_parameters()
+
+
+@pytest.mark.parametrize("kind", [k for k in LEAF_KINDS if k.em], ids=ids([k for k in LEAF_KINDS if k.em]))
+def test_em_update_never_decreases_weighted_ll(kind: LeafKind, rng: np.random.Generator) -> None:
+    leaf = kind.make(rng)
+    data = kind.make(rng).sample(300, rng)
+    data[::17] = np.nan
+    w = rng.uniform(0, 2, len(data))
+    prev = float((w * leaf.log_prob(data).numpy()).sum())
+    for _ in range(4):
+        leaf.em_update(leaf.em_statistics(data, w))
+        cur = float((w * leaf.log_prob(data).numpy()).sum())
+        assert cur >= prev - 1e-9
+        prev = cur
+
+
+@pytest.mark.parametrize("kind", [k for k in LEAF_KINDS if k.em and k.name != "discretized_gaussian"],
+                         ids=ids([k for k in LEAF_KINDS if k.em and k.name != "discretized_gaussian"]))
+def test_em_update_equals_weighted_fit(kind: LeafKind, rng: np.random.Generator) -> None:
+    """For exponential-family leaves one M-step from any start is the weighted MLE."""
+    leaf = kind.make(rng)
+    data = kind.make(rng).sample(200, rng)
+    w = rng.uniform(0, 2, len(data))
+    hp = {k: float(v) for k, v in leaf.params().items() if k in ("alpha", "min_var")}
+    if kind.name.startswith("histogram"):
+        hp["breaks"] = leaf.params()["breaks"]
+        hp["discrete"] = bool(leaf.params()["discrete"])
+    fitted = type(leaf).fit(data, w, **hp)
+    leaf.em_update(leaf.em_statistics(data, w))
+    probe = np.array(kind.domain if kind.domain else [-0.9, -0.1, 0.3, 1.1])
+    np.testing.assert_allclose(leaf.log_prob(probe).numpy(), fitted.log_prob(probe).numpy(), rtol=1e-9, atol=1e-9)
+
+
+def test_em_statistics_are_additive(rng: np.random.Generator) -> None:
+    for kind in LEAF_KINDS:
+        leaf = kind.make(rng)
+        data = kind.make(rng).sample(100, rng)
+        w = rng.uniform(0, 1, 100)
+        a, b, both = leaf.em_statistics(data[:40], w[:40]), leaf.em_statistics(data[40:], w[40:]), leaf.em_statistics(data, w)
+        for k in both:
+            np.testing.assert_allclose(a[k] + b[k], both[k], rtol=1e-12, atol=1e-12)
+
+
+def test_empty_leaf_keeps_parameters() -> None:
+    g = Gaussian(0.3, 0.5)
+    g.em_update(g.em_statistics(np.array([np.nan, np.nan])))
+    assert g.params()["mean"] == 0.3 and g.params()["var"] == 0.5
+    b = Bernoulli(0.3, alpha=0.0)
+    b.em_update(b.em_statistics(np.array([1.0]), np.array([0.0])))
+    assert float(b.params()["p"]) == 0.3
+
+
+def test_variance_floor_and_ceiling() -> None:
+    g = Gaussian.fit(np.full(10, 2.0), min_var=1e-4)
+    assert float(g.params()["var"]) == 1e-4
+    assert torch.isfinite(g.log_prob([2.0, 1e200])).all()
+    g = Gaussian.fit(np.array([-100.0, 100.0]), min_var=1e-3, max_var=0.25)
+    assert float(g.params()["var"]) == 0.25
+    g.em_update(g.em_statistics(np.array([5.0, 5.0])))
+    assert float(g.params()["var"]) == 1e-3
+
+
+def test_laplace_smoothing_never_gives_zero_or_one() -> None:
+    b = Bernoulli.fit(np.ones(50), alpha=0.1)
+    assert 0 < float(b.params()["p"]) < 1
+    c = Categorical.fit(np.zeros(20), alpha=0.5, n_categories=3)
+    assert np.all(c.params()["probs"] > 0)
+    h = Histogram.fit(np.array([0.0, 0.0, 2.0]), discrete=True, alpha=0.5)
+    assert np.all(h.params()["densities"] > 0)
+
+
+def test_discretized_gaussian_masses_sum_to_one_where_paper_formula_does_not() -> None:
+    d = DiscretizedGaussian(0.05, 0.04, levels=256, bin_width=1 / 255)
+    k = np.arange(256.0)
+    assert float(d.log_prob(k).exp().sum()) == pytest.approx(1.0, abs=1e-12)
+    mu, sd = 0.05, 0.2
+    paper = stats.norm.cdf((k / 255 - mu + 1 / 255) / sd) - stats.norm.cdf((k / 255 - mu) / sd)
+    assert paper.sum() < 0.7  # the left tail below level 0 is lost
+    # Interior levels agree with the paper's bins [k/255, (k+1)/255).
+    np.testing.assert_allclose(d.log_prob(k[1:-1]).exp().numpy(), paper[1:-1], rtol=1e-9)
+
+
+def test_discretized_gaussian_far_tail_is_finite() -> None:
+    d = DiscretizedGaussian(-0.1, 1e-6, levels=256, bin_width=1 / 255)
+    lp = d.log_prob(np.array([0.0, 128.0, 255.0, 3.5, -1.0]))
+    assert float(lp[0]) == pytest.approx(0.0, abs=1e-12)
+    assert torch.all(torch.isfinite(lp)) and float(lp[1]) < -1e4
+    assert float(lp[3]) == LOG_ZERO and float(lp[4]) == LOG_ZERO
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: Gaussian(0.0, -1.0), lambda: Gaussian(np.nan, 1.0), lambda: Bernoulli(1.5),
+    lambda: Categorical([0.5, 0.6]), lambda: Histogram([0, 1], [2.0]), lambda: Histogram([1, 0], [1.0]),
+    lambda: PiecewiseLinear([0, 1], [1.0, 2.0]), lambda: DiscretizedGaussian(0.5, 0.1, levels=1),
+])
+def test_bad_parameters_raise_user_error(bad) -> None:
+    with pytest.raises(UserError):
+        bad()
+
+
+def test_fit_leaf_picks_type_per_meta_type(rng: np.random.Generator) -> None:
+    assert isinstance(fit_leaf("real", rng.normal(size=50)), Gaussian)
+    assert isinstance(fit_leaf("real", rng.normal(size=50), leaf="piecewise_linear"), PiecewiseLinear)
+    assert isinstance(fit_leaf("binary", rng.integers(0, 2, 50)), Bernoulli)
+    assert isinstance(fit_leaf("categorical", rng.integers(0, 4, 50)), Categorical)
+    h = fit_leaf("discrete", rng.integers(0, 6, 50).astype(float))
+    assert isinstance(h, Histogram) and bool(h.params()["discrete"])
+    assert float(h.log_prob(np.arange(6.0)).exp().sum()) == pytest.approx(1.0)
+    assert isinstance(fit_leaf("pixel", rng.integers(0, 256, 50)), DiscretizedGaussian)
+    with pytest.raises(UserError, match="meta_type"):
+        fit_leaf("complex", [1.0])
+    assert set(LEAF_TYPES) == {"gaussian", "bernoulli", "categorical", "histogram", "piecewise_linear",
+                               "discretized_gaussian"}
+
+
+@pytest.mark.parametrize("kind", CONTINUOUS_KINDS, ids=ids(CONTINUOUS_KINDS))
+def test_fit_on_continuous_data_is_normalised(kind: LeafKind, rng: np.random.Generator) -> None:
+    data = rng.normal(size=300)
+    leaf = fit_leaf("real", data, leaf={"histogram": "histogram", "gaussian": "gaussian",
+                                        "piecewise_linear": "piecewise_linear"}[kind.name])
+    lo, hi = data.min() - 3, data.max() + 3
+    pts = np.linspace(lo, hi, 200001)
+    assert np.trapezoid(leaf.log_prob(pts).exp().numpy(), pts) == pytest.approx(1.0, abs=2e-3)
+    assert np.all(leaf.log_prob(data).numpy() > LOG_ZERO)  # training points are in the support
+
+
+@pytest.mark.parametrize("kind", DISCRETE_KINDS, ids=ids(DISCRETE_KINDS))
+def test_out_of_support_is_impossible_not_nan(kind: LeafKind, rng: np.random.Generator) -> None:
+    leaf = kind.make(rng)
+    lp = leaf.log_prob(np.array([-1.0, 0.5, 99.0]))
+    assert torch.all(lp == LOG_ZERO)

@@ -1,0 +1,1 @@
+"""Tests of data_prep: loaders, preprocessing, partitioning, the shard format and the CLI."""

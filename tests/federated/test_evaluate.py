@@ -1,0 +1,149 @@
+"""Reference evaluator: marginals, conditionals, MPE, sampling, persistence — all against brute force."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+
+from mpifc.federated.assign import assign
+from mpifc.federated.evaluate import (
+    log_likelihood,
+    mpe,
+    predict,
+    predict_log_proba,
+    sample,
+)
+from mpifc.federated.one_pass import OnePassBuilder, build_single_process
+from mpifc.federated.serialize import load_fc, model_from_bytes, model_to_bytes, save_fc
+
+from tests.federated.fixtures import FEATURES, all_binary, binary_table, split
+
+
+@pytest.fixture(scope="module")
+def hybrid_fc():
+    x = binary_table(400, seed=11)
+    shards = split(x, "hybrid")
+    b = OnePassBuilder(n_clusters=2, n_products=4, seed=2, learner="factorized")
+    fc = build_single_process(b, [(d, xi) for d, xi, _ in shards], FEATURES, "y", "hybrid")
+    return assign(fc, "flat")
+
+
+def test_marginal_equals_sum_over_enumeration(hybrid_fc):
+    allx = all_binary(5)
+    p = np.exp(log_likelihood(hybrid_fc, allx))
+    # p(a=1, c=0) by NaN-marginalisation vs by summing the joint.
+    q = np.array([[1, np.nan, 0, np.nan, np.nan]])
+    brute = p[(allx[:, 0] == 1) & (allx[:, 2] == 0)].sum()
+    assert abs(np.exp(log_likelihood(hybrid_fc, q))[0] - brute) < 1e-12
+    # Absent features in a mapping are marginalised too; all-missing gives log 1 = 0.
+    assert abs(log_likelihood(hybrid_fc, {"a": np.array([1.0]), "c": np.array([0.0])})[0] - np.log(brute)) < 1e-12
+    assert abs(log_likelihood(hybrid_fc, {"a": np.array([np.nan])})[0]) < 1e-12
+
+
+def test_conditional_matches_bayes_rule(hybrid_fc):
+    allx = all_binary(5)
+    lp = predict_log_proba(hybrid_fc, allx)
+    assert lp.shape == (32, 2)
+    np.testing.assert_allclose(np.exp(lp).sum(1), 1.0, atol=1e-12)
+    joint = log_likelihood(hybrid_fc, allx)
+    for i, row in enumerate(allx):
+        other = row.copy()
+        other[4] = 1 - row[4]
+        pair = np.array([joint[i], log_likelihood(hybrid_fc, other[None])[0]])
+        expect = pair[0] - logsumexp(pair)
+        assert abs(lp[i, int(row[4])] - expect) < 1e-10
+    assert np.array_equal(predict(hybrid_fc, allx), np.argmax(lp, axis=1))
+
+
+def test_cooccurrence_captures_cross_client_dependence():
+    x = binary_table(2000, seed=12)
+    shards = split(x, "vertical")
+    test = binary_table(500, seed=13)
+    acc = {}
+    for glue in ("cooccurrence", "combinatorial"):
+        b = OnePassBuilder(n_clusters=4, glue=glue, seed=0, learner="factorized")
+        fc = assign(build_single_process(b, [(d, xi) for d, xi, _ in shards], FEATURES, "y", "vertical"), "flat")
+        acc[glue] = (predict(fc, test) == test[:, 4]).mean()
+    # y = a xor c (85%) lives on a third client: only the joint cluster counts can link them.
+    assert acc["cooccurrence"] > 0.75
+    assert acc["combinatorial"] < 0.65
+
+
+def test_combinatorial_glue_is_the_product_of_client_mixtures():
+    # Independent cluster choices (product-of-fraction weights) factorise over clients:
+    # p(x) = Π_c Σ_k π_ck p_ck(x_c). The combinatorial FC must equal that product exactly.
+    x = binary_table(600, seed=15)
+    shards = split(x, "vertical")
+    b = OnePassBuilder(n_clusters=3, glue="combinatorial", seed=0, learner="factorized")
+    fc = assign(build_single_process(b, [(d, xi) for d, xi, _ in shards], FEATURES, "y", "vertical"), "flat")
+    allx = all_binary(5)
+    per_client = np.zeros(len(allx))
+    for d, _, _ in shards:
+        leaves = [n for n in fc.leaves if n.leaf.client == d.index]
+        n = np.array([l.leaf.n_rows for l in leaves], dtype=float)
+        cols = [FEATURES.index(f) for f in d.features]
+        lls = np.stack([l.leaf.model.log_likelihood(allx[:, cols]).numpy() for l in leaves])
+        per_client += logsumexp(lls + np.log(n / n.sum())[:, None], axis=0)
+    np.testing.assert_allclose(log_likelihood(fc, allx), per_client, atol=1e-10)
+
+
+def test_mpe_single_product_is_exact_argmax():
+    x = binary_table(300, seed=14)
+    shards = split(x, "vertical")
+    b = OnePassBuilder(n_clusters=1, n_products=1, learner="factorized")
+    fc = assign(build_single_process(b, [(d, xi) for d, xi, _ in shards], FEATURES), "flat")
+    allx = all_binary(5)
+    best = allx[np.argmax(log_likelihood(fc, allx))]
+    got = mpe(fc, np.full((1, 5), np.nan))[0]
+    np.testing.assert_array_equal(got, best)
+    ev = np.array([[1.0, np.nan, np.nan, 0.0, np.nan]])
+    comp = mpe(fc, ev)[0]
+    cand = allx[(allx[:, 0] == 1) & (allx[:, 3] == 0)]
+    np.testing.assert_array_equal(comp, cand[np.argmax(log_likelihood(fc, cand))])
+
+
+def test_sampling_frequencies_match_probabilities(hybrid_fc):
+    rng = np.random.default_rng(0)
+    s = sample(hybrid_fc, 20000, rng)
+    allx = all_binary(5)
+    p = np.exp(log_likelihood(hybrid_fc, allx))
+    code = (s @ (2 ** np.arange(4, -1, -1))).astype(int)
+    freq = np.bincount(code, minlength=32) / len(s)
+    assert np.abs(freq - p).max() < 0.015
+    ev = np.tile([[1.0, np.nan, np.nan, np.nan, 0.0]], (5000, 1))
+    cs = sample(hybrid_fc, 5000, rng, evidence=ev)
+    assert np.all(cs[:, 0] == 1) and np.all(cs[:, 4] == 0)
+    # Conditional p(c=1 | a=1, y=0) by sampling vs exactly.
+    num = np.exp(log_likelihood(hybrid_fc, np.array([[1, np.nan, 1, np.nan, 0]])))[0]
+    den = np.exp(log_likelihood(hybrid_fc, np.array([[1, np.nan, np.nan, np.nan, 0]])))[0]
+    assert abs(cs[:, 2].mean() - num / den) < 0.03
+
+
+def test_save_load_roundtrip(tmp_path, hybrid_fc):
+    path = save_fc(hybrid_fc, tmp_path / "m.h5")
+    back = load_fc(path)
+    x = all_binary(5)
+    np.testing.assert_array_equal(log_likelihood(back, x), log_likelihood(hybrid_fc, x))
+    assert [n.rank for n in back.nodes] == [n.rank for n in hybrid_fc.nodes]
+    only = load_fc(path, load_models={1})
+    assert all((n.leaf.model is not None) == (n.rank == 1) for n in only.leaves)
+    leaf = hybrid_fc.leaves[0].leaf.model
+    again = model_from_bytes(model_to_bytes(leaf))
+    np.testing.assert_array_equal(again.log_likelihood(x[:, :3]).numpy(), leaf.log_likelihood(x[:, :3]).numpy())
+
+
+def test_failed_save_leaves_no_file(tmp_path, hybrid_fc):
+    class Broken:
+        def save(self, group):
+            group.attrs["model_type"] = "factorized"
+            raise RuntimeError("disk full")
+
+    hybrid_fc.leaves[-1].leaf.model, keep = Broken(), hybrid_fc.leaves[-1].leaf.model
+    try:
+        with pytest.raises(RuntimeError, match="disk full"):
+            save_fc(hybrid_fc, tmp_path / "m.h5")
+    finally:
+        hybrid_fc.leaves[-1].leaf.model = keep
+    assert os.listdir(tmp_path) == []

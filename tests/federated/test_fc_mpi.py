@@ -1,0 +1,204 @@
+"""FedPC training and queries over real MPI jobs: equality with the gathered model, closed-form
+bytes, the privacy audit, and bad input (exit code 2, no model file)."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpifc.federated.evaluate import log_likelihood
+from mpifc.federated.serialize import load_fc
+from mpifc.runtime.fc_eval import batches, evaluate_gathered, make_query
+from mpifc.runtime.fc_protocol import CLIENT_ALLOWED
+from mpifc.runtime.fc_query import query_payload_bytes
+from tests.federated.fixtures import FEATURES, all_binary, binary_table, real_table, write_shards
+from tests.mpi_util import run_mpi
+
+JOB = ["-m", "mpifc.runtime.fc_job"]
+
+
+def read_ledger(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def train(n, shards, tmp, *extra, name="m"):
+    model, ledger, audit = tmp / f"{name}.h5", tmp / f"{name}-train.csv", tmp / f"{name}-audit-train"
+    r = run_mpi(n, JOB + ["train", str(shards), "--learner", "factorized", "--model", str(model),
+                          "--ledger", str(ledger), "--audit", str(audit), "--json", *extra], timeout=180)
+    return r, model, ledger, audit
+
+
+def evaluate(n, shards, model, tmp, batch, name="m"):
+    ledger, npz, audit = tmp / f"{name}-query.csv", tmp / f"{name}.npz", tmp / f"{name}-audit-query"
+    r = run_mpi(n, JOB + ["evaluate", str(shards), "--model", str(model), "--distributed", "--batch", str(batch),
+                          "--ledger", str(ledger), "--output-npz", str(npz), "--audit", str(audit), "--json"],
+                timeout=180)
+    return r, ledger, npz, audit
+
+
+def audit_records(directory: Path) -> tuple[list[dict], dict[int, list]]:
+    recs, raw = [], {}
+    for p in sorted(directory.glob("audit-rank*.json")):
+        d = json.loads(p.read_text())
+        recs += d["sent"]
+        raw[d["rank"]] = d["raw_shapes"]
+    return recs, raw
+
+
+def assert_private(directory: Path, client_ranks: set[int], cooccurrence: bool) -> None:
+    recs, raw = audit_records(directory)
+    assert recs, "the audit hook recorded nothing"
+    for r in recs:
+        if r["src"] in client_ranks:
+            assert r["payload"] in CLIENT_ALLOWED, r
+            assert cooccurrence or r["payload"] != "cluster_ids", r
+            assert not r["contains_raw_row"], r
+            assert r["shape"] not in raw[r["src"]], r
+
+
+def assert_ledger_declared(rows: list[dict], client_ranks: set[int]) -> None:
+    for row in rows:
+        assert row["payload_class"] != "unknown", row
+        if int(row["src"]) in client_ranks and not row["kind"].startswith("runtime."):
+            assert row["payload_class"] in CLIENT_ALLOWED, row
+
+
+def check_equal_and_bytes(shards, model, ledger, npz, batch, n_test):
+    got = np.load(npz)["joint"]
+    ref_npz = npz.with_suffix(".gathered.npz")
+    evaluate_gathered({"dir": str(shards), "model": str(model), "batch": batch, "output_npz": str(ref_npz)})
+    ref = np.load(ref_npz)["joint"]
+    assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-9
+    fc = load_fc(model, load_models=False)
+    q = make_query(fc)
+    rows = read_ledger(ledger)
+    values = [r for r in rows if r["kind"] == "fc.query.values"]
+    expect = sum(query_payload_bytes(fc, hi - lo, q) for lo, hi in batches(n_test, batch))
+    assert sum(int(r["payload_bytes"]) for r in values) == expect
+    assert len(values) == len(batches(n_test, batch)) * len(fc.rank_edges())
+    return fc, rows
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fcmpi")
+    return {
+        "vertical": write_shards(root / "vertical", "vertical", real_table(240, 1), real_table(40, 2), "real"),
+        "horizontal": write_shards(root / "horizontal", "horizontal", binary_table(300, 3), binary_table(60, 4)),
+        "hybrid": write_shards(root / "hybrid", "hybrid", binary_table(300, 5), binary_table(50, 6)),
+        "root": root,
+    }
+
+
+def test_vertical_cooccurrence_end_to_end(data, tmp_path):
+    shards = data["vertical"]
+    r, model, tledger, taudit = train(4, shards, tmp_path, "--glue", "cooccurrence", "--clusters", "3")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    trows = read_ledger(tledger)
+    # Every training message goes to or from rank 0, which counts them: the summary is exact.
+    assert summary["bytes_train"] == sum(int(x["total_bytes"]) for x in trows if x["phase"] != "teardown")
+    assert {x["kind"] for x in trows} >= {"fc.train.declare", "fc.train.counts", "fc.train.cluster_ids",
+                                          "fc.train.model"}
+    ids_rows = [x for x in trows if x["kind"] == "fc.train.cluster_ids"]
+    assert len(ids_rows) == 3 and all(int(x["payload_bytes"]) == 8 * 240 for x in ids_rows)
+    assert_ledger_declared(trows, {1, 2, 3})
+    assert_private(taudit, {1, 2, 3}, cooccurrence=True)
+    assert summary["train_seconds_critical_path"] <= summary["train_seconds_total"]
+    r, qledger, npz, qaudit = evaluate(4, shards, model, tmp_path, batch=16)
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads(r.stdout.strip().splitlines()[-1])
+    fc, qrows = check_equal_and_bytes(shards, model, qledger, npz, 16, 40)
+    assert metrics["bytes_query"] == sum(int(x["total_bytes"]) for x in qrows if x["phase"].startswith("query"))
+    assert metrics["accuracy"] > 0.75  # y depends on the shared latent z of a..d
+    assert not [x for x in qrows if x["kind"] == "fc.query.evidence"]
+    assert_private(qaudit, {1, 2, 3}, cooccurrence=False)
+
+
+def test_horizontal_tree_end_to_end(data, tmp_path):
+    shards = data["horizontal"]
+    r, model, _, taudit = train(6, shards, tmp_path, "--assign", "tree", "--servers", "2")
+    assert r.returncode == 0, r.stderr
+    fc = load_fc(model)
+    assert abs(np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum() - 1) < 1e-9
+    assert fc.nodes[fc.root].rank == 0 and {fc.nodes[c].rank for c in fc.nodes[fc.root].children} == {1, 2}
+    assert_private(taudit, {3, 4, 5}, cooccurrence=False)
+    r, qledger, npz, qaudit = evaluate(6, shards, model, tmp_path, batch=25)
+    assert r.returncode == 0, r.stderr
+    _, rows = check_equal_and_bytes(shards, model, qledger, npz, 25, 60)
+    ev = [x for x in rows if x["kind"] == "fc.query.evidence"]
+    assert {x["src"] for x in ev} == {"0"}
+    assert sum(int(x["payload_bytes"]) for x in ev) == 3 * 8 * 60 * len(FEATURES)
+    recs, _ = audit_records(qaudit)
+    assert not [x for x in recs if x["src"] != 0 and x["payload"] == "evidence"]
+
+
+def test_hybrid_end_to_end_and_bad_psi(data, tmp_path):
+    shards = data["hybrid"]
+    r, model, _, _ = train(3, shards, tmp_path, "--glue", "combinatorial", "--clusters", "2")
+    assert r.returncode == 0, r.stderr
+    fc = load_fc(model)
+    assert abs(np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum() - 1) < 1e-9
+    r, qledger, npz, _ = evaluate(3, shards, model, tmp_path, batch=50)
+    assert r.returncode == 0, r.stderr
+    check_equal_and_bytes(shards, model, qledger, npz, 50, 50)
+    # ψ edited to put a leaf on the server: a clear error, exit 2.
+    bad = tmp_path / "bad.h5"
+    shutil.copy(model, bad)
+    leaf = fc.leaves[0]
+    with h5py.File(bad, "a") as f:
+        f["fc/nodes/rank"][leaf.id] = 0
+    r = run_mpi(3, JOB + ["evaluate", str(shards), "--model", str(bad), "--distributed"], timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"leaf node {leaf.id} (client {leaf.leaf.client}) is placed on rank 0" in r.stderr
+
+
+def _fix_checksum(shards: Path, index: int) -> None:
+    from data_prep.shards import sha256_file
+
+    m = json.loads((shards / "manifest.json").read_text())
+    m["clients"][index]["sha256"] = sha256_file(shards / f"client-{index}.h5")
+    (shards / "manifest.json").write_text(json.dumps(m))
+
+
+def test_too_few_ranks(data, tmp_path):
+    r, model, _, _ = train(3, data["vertical"], tmp_path)
+    assert r.returncode == 2 and "too few ranks" in r.stderr
+    assert not model.exists() and not list(tmp_path.glob(".*tmp"))
+
+
+def test_conflicting_meta_types_name_both_clients(data, tmp_path):
+    shards = tmp_path / "conflict"
+    shutil.copytree(data["horizontal"], shards)
+    with h5py.File(shards / "client-2.h5", "a") as f:
+        f.attrs["meta_types"] = json.dumps(["discrete", "real", "discrete", "discrete", "discrete"])
+    _fix_checksum(shards, 2)
+    r, model, _, _ = train(4, shards, tmp_path)
+    assert r.returncode == 2
+    assert "feature 'b': client 0 declares meta-type 'discrete' but client 2 declares 'real'" in r.stderr
+    assert not model.exists()
+
+
+def test_unaligned_vertical_ids(data, tmp_path):
+    shards = tmp_path / "unaligned"
+    shutil.copytree(data["vertical"], shards)
+    with h5py.File(shards / "client-1.h5", "a") as f:
+        f["train/ids"][:2] = f["train/ids"][:2][::-1].copy()
+    _fix_checksum(shards, 1)
+    r, model, _, _ = train(4, shards, tmp_path)
+    assert r.returncode == 2 and "aligned sample ids" in r.stderr and "client 1" in r.stderr
+    assert not model.exists()
+
+
+def test_client_with_zero_rows(tmp_path):
+    layouts = [(FEATURES, slice(0, None)), (FEATURES, slice(0, 0))]
+    shards = write_shards(tmp_path / "zero", "horizontal", binary_table(50), binary_table(10), layouts=layouts)
+    r, model, _, _ = train(3, shards, tmp_path)
+    assert r.returncode == 2 and "client 1" in r.stderr and "zero training rows" in r.stderr
+    assert not model.exists()

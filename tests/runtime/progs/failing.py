@@ -1,0 +1,64 @@
+"""Jobs that fail on purpose. Usage: failing.py MODE [RANK]
+
+Modes:
+  raise     rank RANK raises ValueError while the others wait for it in a receive
+  usererror rank RANK raises UserError (exit code 2)
+  deadline  rank 0 waits (deadline 1 s) for a 'test.never' message that rank 1 never sends
+  cli       the mpifc console entry with `train` plugged to a handler that raises on rank RANK
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from mpifc.errors import UserError
+from mpifc.runtime.job import JobContext, run_job
+from mpifc.runtime.kinds import register_kind
+
+NEVER = register_kind("test.never", "control", "a message nobody sends")
+GO = register_kind("test.go", "control", "a message sent after the failure point")
+
+
+def make_raiser(bad_rank: int, exc: type[BaseException]):
+    def main(ctx: JobContext) -> int:
+        if ctx.rank == bad_rank:
+            time.sleep(0.2)  # let the others block in their receive first
+            raise exc(f"planted failure on purpose")
+        # Everyone else waits for a message that would come only after the failure point.
+        ctx.transport.recv(bad_rank, GO)
+        return 0
+    return main
+
+
+def deadline_main(ctx: JobContext) -> int:
+    if ctx.rank == 0:
+        ctx.transport.recv(1, NEVER)
+    else:
+        time.sleep(30)  # never sends; the abort must end this sleep
+    return 0
+
+
+def train_main(args: argparse.Namespace) -> int:
+    """A stand-in for a real `train` handler, plugged in the way the lead will plug in theirs."""
+    return run_job(make_raiser(args.seed, RuntimeError), deadline=args.deadline)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    bad = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    if mode == "raise":
+        run_job(make_raiser(bad, ValueError))
+    elif mode == "usererror":
+        run_job(make_raiser(bad, UserError))
+    elif mode == "deadline":
+        run_job(deadline_main, deadline=1.0)
+    elif mode == "cli":
+        from mpifc import cli
+
+        cli.HANDLERS["train"] = "tests.runtime.progs.failing:train_main"
+        # Exactly what the generated `mpifc` console script runs.
+        sys.argv = ["mpifc", "train", "--seed", str(bad)]
+        sys.exit(cli.main())
+    else:
+        sys.exit(f"unknown mode {mode}")

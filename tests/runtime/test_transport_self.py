@@ -1,0 +1,90 @@
+"""Transport round trips through MPI.COMM_SELF in this process (a rank may message itself)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from mpi4py import MPI
+
+from mpifc.runtime.kinds import register_kind
+from mpifc.runtime.ledger import CommLedger
+from mpifc.runtime.transport import DeadlineExceeded, Transport
+from mpifc.runtime import wire
+
+ARR = register_kind("test.self.array", "model_parameters", "arrays to self")
+OBJ = register_kind("test.self.object", "control", "objects to self")
+
+DTYPES = st.sampled_from([np.float64, np.float32, np.float16, np.int64, np.int32, np.int8, np.uint8,
+                          np.uint64, np.bool_, np.complex64, np.complex128])
+
+
+def make_transport(**kw) -> Transport:
+    return Transport(MPI.COMM_SELF, CommLedger(0, 1), deadline=kw.pop("deadline", 5.0), **kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arr=hnp.arrays(DTYPES, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6)),
+       inline_max=st.sampled_from([0, 16, 1 << 14]), chunk=st.sampled_from([1, 7, 1 << 20]))
+def test_any_array_round_trips_bit_exact(arr, inline_max, chunk):
+    tr = make_transport(inline_max=inline_max, chunk_bytes=chunk)
+    pending = tr.isend(arr, 0, ARR)
+    got = tr.recv(0, ARR)
+    pending.wait()
+    assert got.dtype == arr.dtype and got.shape == arr.shape
+    assert got.tobytes() == arr.tobytes()  # bit-exact, NaNs included
+    row = tr.ledger.rows[-1]
+    assert row["payload_bytes"] == arr.nbytes
+    assert row["header_bytes"] == wire.header_size(arr.ndim)
+    inline = arr.nbytes <= inline_max
+    assert row["n_mpi_messages"] == (1 if inline else 1 + -(-arr.nbytes // chunk))
+    assert tr.ledger.sent[0].tolist() == [1, arr.nbytes, wire.header_size(arr.ndim)]
+
+
+def test_receive_deadline_names_peer_and_kind():
+    tr = make_transport(deadline=0.2)
+    with pytest.raises(DeadlineExceeded, match=r"0.2 s passed waiting for a 'test.self.array' message from rank 0"):
+        tr.recv(0, ARR)
+
+
+def test_kinds_do_not_mix():
+    tr = make_transport()
+    p1 = tr.isend(np.arange(4), 0, ARR)
+    p2 = tr.isend_obj({"k": 1}, 0, OBJ)
+    assert tr.recv_obj(0, OBJ) == {"k": 1}
+    assert tr.recv(0, ARR).tolist() == [0, 1, 2, 3]
+    p1.wait(); p2.wait()
+
+
+def test_object_where_array_expected_is_a_type_error():
+    tr = make_transport()
+    tr.send_obj([1, 2], 0, ARR)
+    with pytest.raises(TypeError, match="expected an array, got a pickled object"):
+        tr.recv(0, ARR)
+    tr.flush()
+
+
+def test_unsendable_inputs_are_refused_clearly():
+    tr = make_transport()
+    with pytest.raises(TypeError, match="dtype object"):
+        tr.send(np.array([{}, 1], dtype=object), 0, ARR)
+    with pytest.raises(ValueError, match="cannot send to rank 3: the job has ranks 0..0"):
+        tr.send(np.zeros(2), 3, ARR)
+    with pytest.raises(ValueError, match="cannot receive from rank -1"):
+        tr.recv(-1, ARR)
+
+
+def test_try_recv_and_recv_any():
+    tr = make_transport()
+    assert tr.try_recv(0, ARR) == (False, None)
+    tr.send(np.ones(3), 0, ARR)
+    ok, value = tr.try_recv(0, ARR)
+    assert ok and value.tolist() == [1.0, 1.0, 1.0]
+    tr.send_obj("hi", 0, OBJ)
+    assert tr.recv_any(OBJ) == (0, "hi")
+    tr.send(np.zeros(1), 0, ARR)
+    src, kind, value = tr.recv_any_kind([OBJ, ARR], sources=[0])
+    assert (src, kind.name, value.tolist()) == (0, "test.self.array", [0.0])
+    tr.flush()
