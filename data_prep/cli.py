@@ -37,18 +37,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Turn a dataset into one HDF5 shard per client, a held-out test set and "
                     "a manifest (format mpifc-shards/1).")
     p.add_argument("--list", action="store_true", help="list the datasets and exit")
-    p.add_argument("--dataset", default="breast-cancer",
+    p.add_argument("--dataset", default="breast-cancer", metavar="NAME",
                    help="dataset name (debd:SET for a DEBD set); default breast-cancer")
-    p.add_argument("--path", help="the dataset's file or folder (default: under the data root)")
-    p.add_argument("--data-root", help="data root (default: $MPIFC_DATA, else "
-                                       "<repo>/../shared/data)")
-    p.add_argument("--setting", choices=SETTINGS, default="horizontal")
-    p.add_argument("--clients", type=int, default=2, help="number of clients (default 2)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--path", metavar="P",
+                   help="the dataset's file or folder (default: under the data root)")
+    p.add_argument("--data-root", metavar="DIR",
+                   help="data root (default: $MPIFC_DATA, else <repo>/../shared/data)")
+    p.add_argument("--setting", choices=SETTINGS, default="horizontal",
+                   help="how data is split among clients (default horizontal)")
+    p.add_argument("--clients", type=int, default=2, metavar="N",
+                   help="number of clients (default 2)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="same seed, same shards (default 0)")
     p.add_argument("--split", choices=SPLITS, default="iid",
                    help="how samples are split in horizontal and hybrid settings")
-    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
-    p.add_argument("--label-owner", type=_label_owner, default=None,
+    p.add_argument("--alpha", type=float, default=0.5, metavar="A",
+                   help="Dirichlet concentration (default 0.5)")
+    p.add_argument("--label-owner", type=_label_owner, default=None, metavar="K|all",
                    help="client holding the target, or 'all' (vertical default 0, else all)")
     p.add_argument("--encode", choices=ENCODINGS, default="target",
                    help="categoricals: target-encoded floats, or integer codes (none)")
@@ -57,22 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=None,
                    help="standardize numeric features (default: on for tables, off for "
                         "images and binary sets)")
-    p.add_argument("--test-fraction", type=float, default=None,
+    p.add_argument("--test-fraction", type=float, default=None, metavar="F",
                    help="hold out this stratified fraction (default: the dataset's own test "
                         "split, else 0.2)")
-    p.add_argument("--max-rows", type=int, default=None,
+    p.add_argument("--max-rows", type=int, default=None, metavar="N",
                    help="stratified deterministic subsample of the dataset first")
-    p.add_argument("--shared-features", type=int, default=None,
+    p.add_argument("--shared-features", type=int, default=None, metavar="K",
                    help="hybrid tables: features shared by all clients (default d/4)")
-    p.add_argument("--patches", type=_patches, default=None,
+    p.add_argument("--patches", type=_patches, default=None, metavar="RxC",
                    help="images: patch grid ROWSxCOLS (must give --clients patches)")
-    p.add_argument("--overlap", type=int, default=2,
+    p.add_argument("--overlap", type=int, default=2, metavar="PX",
                    help="hybrid images: pixels shared by neighbouring patches (default 2)")
     p.add_argument("--segment", action="append", default=[], metavar="PREDICATE",
                    help="--split segment: one per client, e.g. 'education in Bachelors,Masters'")
-    p.add_argument("--oversample", type=float, default=4.0,
+    p.add_argument("--oversample", type=float, default=4.0, metavar="W",
                    help="--split segment: weight of a matching row for its client (default 4)")
-    p.add_argument("--out", help="output directory (replaced atomically)")
+    p.add_argument("--out", metavar="DIR", help="output directory (replaced atomically)")
     return p
 
 

@@ -14,9 +14,10 @@ import os
 import pickle
 import struct
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -165,17 +166,23 @@ def load_credit(name: str, path: Path | None, data_root: Path) -> RawTable:
     where = _locate(path, data_root, "credit")
     file = _find_file(where, ["cs-training.csv", "cs-training.csv.zip"], "cs-training.csv")
 
-    def open_lines() -> io.TextIOBase:
-        if file.suffix == ".zip":
-            try:
-                zf = zipfile.ZipFile(file)
-            except zipfile.BadZipFile:
-                raise UserError(f"{file}: not a valid zip archive") from None
-            members = [m for m in zf.namelist() if m.endswith(".csv")]
+    @contextmanager
+    def open_lines() -> Iterator[io.TextIOBase]:
+        if file.suffix != ".zip":
+            with _open_text(file) as f:
+                yield f
+            return
+        try:
+            archive = zipfile.ZipFile(file)
+        except zipfile.BadZipFile:
+            raise UserError(f"{file}: not a valid zip archive") from None
+        with archive:
+            members = [m for m in archive.namelist() if m.endswith(".csv")]
             if not members:
                 raise UserError(f"{file}: the archive holds no .csv file")
-            return io.TextIOWrapper(zf.open(members[0]), encoding="utf-8", newline="")
-        return _open_text(file)
+            with io.TextIOWrapper(archive.open(members[0]), encoding="utf-8",
+                                  newline="") as f:
+                yield f
 
     with open_lines() as f:
         names = _header(f, str(file))
@@ -266,7 +273,7 @@ def load_mnist(name: str, path: Path | None, data_root: Path) -> RawTable:
         names = ["train", "valid", "test"]
     sizes = [p[0].shape[0] for p in parts]
     x = np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
+    y = np.concatenate([p[1] for p in parts]).astype(np.int64)
     del parts
     bounds = np.cumsum([0] + sizes)
     own_test = np.zeros(x.shape[0], dtype=bool)

@@ -274,6 +274,12 @@ def _check_spec(spec: PartitionSpec, has_labels: bool, has_segments: bool) -> No
         raise UserError(f"--split {spec.split} needs a dataset with a target")
     if spec.split == "segment" and spec.setting in ("horizontal", "hybrid") and not has_segments:
         raise UserError("--split segment needs one --segment predicate per client")
+    if spec.setting in ("central", "vertical") and spec.split != "iid":
+        raise UserError(f"--split {spec.split} splits samples, which --setting "
+                        f"{spec.setting} does not do (use horizontal or hybrid)")
+    if spec.setting in ("central", "horizontal") and spec.label_owner not in (None, "all"):
+        raise UserError(f"--label-owner applies to vertical and hybrid settings; in "
+                        f"{spec.setting} every client holds the label")
     owner = spec.resolved_label_owner()
     if owner != "all" and not (isinstance(owner, int) and 0 <= owner < spec.n_clients):
         raise UserError(f"--label-owner must be 'all' or a client index 0..{spec.n_clients - 1}, "
@@ -356,6 +362,11 @@ def make_partition(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.nd
         UserError: inconsistent flags, or a client left without train rows or features.
     """
     _check_spec(spec, labels is not None, segment_weights is not None)
+    if spec.patches is not None and image_shape is None:
+        raise UserError("--patches applies to image datasets only")
+    if spec.shared_features is not None and (image_shape is not None
+                                             or spec.setting != "hybrid"):
+        raise UserError("--shared-features applies to hybrid splits of tables only")
     train_rows = np.sort(np.asarray(train_rows, dtype=np.int64))
     test_rows = np.sort(np.asarray(test_rows, dtype=np.int64))
     n = spec.n_clients

@@ -20,6 +20,7 @@ from .shards import ClientShard, TestSet
 from .table import RawTable
 
 DEFAULT_TEST_FRACTION = 0.2
+_GATHER_ROWS = 4096  # rows copied per step when building a shard (bounds the temporaries)
 
 
 @dataclass(frozen=True)
@@ -153,16 +154,21 @@ class PreparedData:
         return meta
 
     def _block(self, rows: np.ndarray, names: list[str]) -> np.ndarray:
-        """Transformed ``(len(rows), len(names))`` float64; the target column as class codes."""
+        """Transformed ``(len(rows), len(names))`` float64; the target column as class codes.
+
+        Gathered in row chunks straight into the output, so building a shard needs little
+        memory beyond the shard itself.
+        """
         t = self.table
-        feats = [n for n in names if n != t.target]
-        cols = [self._col[n] for n in feats]
         out = np.empty((rows.size, len(names)), dtype=np.float64)
+        cols = [self._col[n] for n in names if n != t.target]
+        whole = cols == list(range(len(t.features)))
+        for lo in range(0, rows.size, _GATHER_ROWS):
+            chunk = rows[lo:lo + _GATHER_ROWS]
+            out[lo:lo + chunk.size, :len(cols)] = t.x[chunk] if whole else t.x[np.ix_(chunk, cols)]
         if cols:
-            whole = cols == list(range(len(t.features)))
-            raw = t.x[rows] if whole else t.x[np.ix_(rows, cols)]
-            out[:, :len(cols)] = self.preprocessor.transform(raw, columns=cols)
-        if len(feats) < len(names):
+            self.preprocessor.transform_inplace(out[:, :len(cols)], columns=cols)
+        if len(cols) < len(names):
             # the target is always last (see partition.make_partition)
             out[:, -1] = t.y[rows]
         return out
@@ -201,7 +207,10 @@ class PreparedData:
                   "source": {"files": t.source_files, "splits": t.source_splits},
                   "config": _json_config(c)}
         if t.image_shape is not None:
-            fields["image"] = {"shape": list(t.image_shape), **(t.pixel or {})}
+            pixel = t.pixel or {}
+            fields["image"] = {"shape": list(t.image_shape), **pixel}
+            if "levels" in pixel:
+                fields["image"]["range"] = [0, pixel["levels"] - 1]
         return fields
 
 
@@ -216,10 +225,13 @@ def _missing_counts(table: RawTable, train: np.ndarray, test: np.ndarray
                     ) -> dict[str, dict[str, int]]:
     if not np.issubdtype(table.x.dtype, np.floating):
         return {}
-    nan_train = np.isnan(table.x[train]).sum(axis=0)
-    nan_test = np.isnan(table.x[test]).sum(axis=0)
-    return {name: {"train": int(a), "test": int(b)}
-            for name, a, b in zip(table.features, nan_train, nan_test) if a or b}
+    counts = {}
+    for j, name in enumerate(table.features):
+        nan = np.isnan(table.x[:, j])  # one column at a time: no copy of the table
+        a, b = int(nan[train].sum()), int(nan[test].sum())
+        if a or b:
+            counts[name] = {"train": a, "test": b}
+    return counts
 
 
 def prepare_table(table: RawTable, config: PrepConfig) -> PreparedData:

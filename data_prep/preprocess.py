@@ -128,8 +128,14 @@ class Preprocessor:
         Returns:
             ``x``'s shape, float64.
         """
-        cols = [self.columns[j] for j in columns] if columns is not None else self.columns
         out = np.array(x, dtype=np.float64, copy=True)
+        self.transform_inplace(out, columns=columns, scale=scale)
+        return out
+
+    def transform_inplace(self, out: np.ndarray, *, columns: list[int] | None = None,
+                          scale: bool = True) -> None:
+        """Like :meth:`transform`, overwriting ``out`` (float64 raw values, may be a view)."""
+        cols = [self.columns[j] for j in columns] if columns is not None else self.columns
         for k, col in enumerate(cols):
             if col.lookup is not None:
                 codes = out[:, k]
@@ -148,7 +154,6 @@ class Preprocessor:
                     out /= std
                 else:
                     out[:, idx] = (out[:, idx] - mean) / std
-        return out
 
     @property
     def meta_types(self) -> list[str]:
@@ -186,12 +191,14 @@ def _fit_target_encoding(table: RawTable, train_rows: np.ndarray, cat_idx: list[
         raise UserError(f"{table.name}: --encode target needs a binary target "
                         f"({'none' if table.y is None else len(table.classes)} classes); "
                         "use --encode none")
-    xc = table.x[np.ix_(train_rows, cat_idx)]
-    encoder = TargetEncoder(target_type="binary").fit(xc, table.y[train_rows])
-    for k, j in enumerate(cat_idx):
+    y = table.y[train_rows]
+    for j in cat_idx:
+        # one column per fit: the encodings are per feature anyway, and sklearn's working
+        # copies then stay one column wide
+        encoder = TargetEncoder(target_type="binary").fit(table.x[train_rows, j][:, None], y)
         n_cat = columns[j].n_categories
         lookup = np.full(n_cat + 1, encoder.target_mean_, dtype=np.float64)
-        for value, enc in zip(encoder.categories_[k], encoder.encodings_[k]):
+        for value, enc in zip(encoder.categories_[0], encoder.encodings_[0]):
             lookup[n_cat if np.isnan(value) else int(value)] = enc
         columns[j].lookup = lookup
         columns[j].meta_type = "real"

@@ -24,7 +24,8 @@ A shard directory ``DIR`` holds::
                        "missing": {name: {"train": count, "test": count}}},
      "partition": {...how rows and features were drawn...},
      "source": {"files": [...], "splits": {"train": [lo, hi), ...}},
-     "image": {"shape": [h, w], "levels": L, "file_scale": s} (images only),
+     "image": {"shape": [h, w], "levels": L, "range": [0, L - 1], "file_scale": s}
+              (images only),
      "config": {...every prepare() argument...}}
 
 ``client-<i>.h5``: datasets ``train/x`` float64 ``(n_train, d_i)`` (NaN = missing, only when
@@ -127,10 +128,10 @@ class ShardSource(Protocol):
 
 # --------------------------------------------------------------------------- writing
 def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    """Hex SHA-256 of a file's bytes, read in 256 KiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(1 << 18), b""):
             h.update(block)
     return h.hexdigest()
 
@@ -201,9 +202,16 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
             json.dump(manifest, f, indent=1)
             f.write("\n")
         if out.exists():
+            # a directory cannot be renamed over a non-empty one: move the old set aside
+            # first, and put it back if the swap fails
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "previous")
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old / "previous", out)
+                shutil.rmtree(old, ignore_errors=True)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)

@@ -1,8 +1,8 @@
 """Streaming parser for delimited text files (CSV and its cousins such as UCI's ``", "``).
 
-Values go straight into typed arrays (8 bytes a cell) instead of lists of strings, so the
-peak memory of a load stays near the size of the file. Every error names the file, the
-line and, where it applies, the field.
+Values go straight into one row-major typed array (8 bytes a cell) instead of lists of
+strings, and the result is a view on that array, so the peak memory of a load stays near the
+size of the file. Every error names the file, the line and, where it applies, the field.
 """
 from __future__ import annotations
 
@@ -29,21 +29,30 @@ class ColumnSpec:
 
 @dataclass
 class ParsedColumns:
-    """Result of :func:`parse_delimited`.
+    """Result of :meth:`DelimitedParser.finish`.
 
     Attributes:
-        values: name -> ``(n,)`` float64; NaN is missing; categoricals are codes.
+        values: ``(n, k)`` float64 over ``names`` (the non-skipped columns, file order); NaN
+            is missing; categoricals and the target hold codes.
+        names: the ``k`` column names.
         categories: categorical name -> sorted category labels.
         y: ``(n,)`` int64 codes of the target column, or None.
         classes: labels of the target codes (ints when every label is an integer).
-        n_rows: number of data rows read.
     """
 
-    values: dict[str, np.ndarray]
+    values: np.ndarray
+    names: list[str]
     categories: dict[str, list[str]]
     y: np.ndarray | None
     classes: list | None
-    n_rows: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.values.shape[0])
+
+    def column(self, name: str) -> np.ndarray:
+        """``(n,)`` values of column ``name`` (a view)."""
+        return self.values[:, self.names.index(name)]
 
 
 def _sorted_labels(labels: list[str]) -> list:
@@ -55,15 +64,18 @@ def _sorted_labels(labels: list[str]) -> list:
     return sorted(as_int)
 
 
-def _recode(codes: array, seen: dict[str, int]) -> tuple[np.ndarray, list]:
-    """Map first-seen codes to codes in sorted label order (deterministic across row orders)."""
+def _recode(column: np.ndarray, seen: dict[str, int]) -> list:
+    """Turn first-seen codes into codes in sorted label order, in place; returns the labels.
+
+    Sorted codes make the coding independent of the row order.
+    """
     labels = list(seen)
     ordered = _sorted_labels(labels)
     position = {str(lab): i for i, lab in enumerate(ordered)}
     remap = np.array([position[lab] for lab in labels] + [np.nan], dtype=np.float64)
-    raw = np.frombuffer(codes, dtype=np.float64)
-    idx = np.where(np.isnan(raw), len(labels), raw).astype(np.int64)
-    return remap[idx], ordered
+    idx = np.where(np.isnan(column), len(labels), column).astype(np.int64)
+    column[:] = remap[idx]
+    return ordered
 
 
 class DelimitedParser:
@@ -80,21 +92,21 @@ class DelimitedParser:
 
     def __init__(self, columns: list[ColumnSpec], *, delimiter: str = ",",
                  missing: frozenset[str] = frozenset({"", "?", "NA"})) -> None:
+        for spec in columns:
+            if spec.kind not in KINDS:
+                raise ValueError(f"unknown column kind {spec.kind!r}")
+        if sum(s.kind == "target" for s in columns) > 1:
+            raise ValueError("at most one target column")
         self.columns = columns
         self.delimiter = delimiter
         self.missing = missing
         self.n_rows = 0
-        self._stores: list[array | None] = []
-        self._seen: dict[int, dict[str, int]] = {}
-        self._target = None
-        for j, spec in enumerate(columns):
-            if spec.kind not in KINDS:
-                raise ValueError(f"unknown column kind {spec.kind!r}")
-            self._stores.append(None if spec.kind == "skip" else array("d"))
-            if spec.kind in ("categorical", "target"):
-                self._seen[j] = {}
-            if spec.kind == "target":
-                self._target = j
+        self._kept = [j for j, s in enumerate(columns) if s.kind != "skip"]
+        self._store = array("d")
+        # field index -> first-seen label codes, for categorical and target fields
+        self._seen: dict[int, dict[str, int]] = {
+            j: {} for j, s in enumerate(columns) if s.kind in ("categorical", "target")}
+        self._target = next((j for j, s in enumerate(columns) if s.kind == "target"), None)
 
     def feed(self, lines: Iterable[str], path: str, *, skip_prefix: str | None = None,
              strip_suffix: str = "", header: bool = False) -> int:
@@ -109,9 +121,11 @@ class DelimitedParser:
 
         Raises:
             UserError: on a line with the wrong number of fields, a non-number in a numeric
-                column, a non-finite number, or a missing target label.
+                column, a non-finite number, or a missing target label; or a file without rows.
         """
-        columns, stores, missing = self.columns, self._stores, self.missing
+        columns, missing, seen_of = self.columns, self.missing, self._seen
+        append = self._store.append
+        kept = [(j, seen_of.get(j)) for j in self._kept]
         n_fields = len(columns)
         target_col = self._target
         reader = csv.reader(lines, delimiter=self.delimiter, skipinitialspace=True)
@@ -126,42 +140,37 @@ class DelimitedParser:
             if header_pending:
                 header_pending = False
                 continue
-            lineno = reader.line_num
             if len(row) != n_fields:
-                raise UserError(f"{path} line {lineno}: expected {n_fields} fields, "
+                raise UserError(f"{path} line {reader.line_num}: expected {n_fields} fields, "
                                 f"got {len(row)}")
-            for j, tok in enumerate(row):
-                store = stores[j]
-                if store is None:
-                    continue
-                tok = tok.strip()
-                seen = self._seen.get(j)
+            for j, seen in kept:
+                tok = row[j].strip()
                 if seen is not None:
                     if j == target_col and strip_suffix and tok.endswith(strip_suffix):
                         tok = tok[: -len(strip_suffix)]
                     if tok in missing:
                         if j == target_col:
-                            raise UserError(f"{path} line {lineno}, field "
+                            raise UserError(f"{path} line {reader.line_num}, field "
                                             f"{columns[j].name!r}: missing target label")
-                        store.append(nan)
+                        append(nan)
                         continue
                     code = seen.get(tok)
                     if code is None:
                         code = seen[tok] = len(seen)
-                    store.append(code)
+                    append(code)
                     continue
                 if tok in missing:
-                    store.append(nan)
+                    append(nan)
                     continue
                 try:
                     value = float(tok)
                 except ValueError:
-                    raise UserError(f"{path} line {lineno}, field {columns[j].name!r}: "
-                                    f"{tok!r} is not a number") from None
+                    raise UserError(f"{path} line {reader.line_num}, field "
+                                    f"{columns[j].name!r}: {tok!r} is not a number") from None
                 if math.isinf(value):
-                    raise UserError(f"{path} line {lineno}, field {columns[j].name!r}: "
-                                    f"{tok!r} is not finite")
-                store.append(value)
+                    raise UserError(f"{path} line {reader.line_num}, field "
+                                    f"{columns[j].name!r}: {tok!r} is not finite")
+                append(value)
             n_rows += 1
         if n_rows == 0:
             raise UserError(f"{path}: no data rows")
@@ -169,36 +178,38 @@ class DelimitedParser:
         return n_rows
 
     def finish(self) -> ParsedColumns:
-        """The typed columns of every row fed so far (the parser is spent afterwards)."""
-        values: dict[str, np.ndarray] = {}
+        """The typed columns of every row fed so far, as a view on the parser's buffer."""
+        names = [self.columns[j].name for j in self._kept]
+        values = np.frombuffer(self._store, dtype=np.float64).reshape(self.n_rows, len(names))
         categories: dict[str, list[str]] = {}
         y = classes = None
-        for j, spec in enumerate(self.columns):
-            store = self._stores[j]
-            if store is None:
+        for k, j in enumerate(self._kept):
+            if j not in self._seen:
                 continue
+            labels = _recode(values[:, k], self._seen[j])
             if j == self._target:
-                codes, classes = _recode(store, self._seen[j])
-                y = codes.astype(np.int64)
-            elif spec.kind == "categorical":
-                values[spec.name], labels = _recode(store, self._seen[j])
-                categories[spec.name] = [str(lab) for lab in labels]
+                y, classes = values[:, k].astype(np.int64), labels
             else:
-                values[spec.name] = np.frombuffer(store, dtype=np.float64).copy()
-            self._stores[j] = None  # free each column's buffer before the next is converted
-        return ParsedColumns(values=values, categories=categories, y=y, classes=classes,
-                             n_rows=self.n_rows)
+                categories[names[k]] = [str(lab) for lab in labels]
+        return ParsedColumns(values=values, names=names, categories=categories, y=y,
+                             classes=classes)
 
 
 def feature_matrix(parsed: ParsedColumns, specs: list[ColumnSpec]
                    ) -> tuple[np.ndarray, list[str], list[str]]:
-    """Stack the parsed feature columns (target and skipped ones left out).
+    """The feature columns of ``parsed`` (target and skipped ones left out).
+
+    A view, without copying, when the features are adjacent (e.g. the target is last).
 
     Returns:
         ``x`` of shape ``(n, D)`` float64, the ``D`` feature names, their meta-types.
     """
-    feats = [s for s in specs if s.kind in ("real", "discrete", "categorical")]
-    x = np.empty((parsed.n_rows, len(feats)), dtype=np.float64)
-    for j, s in enumerate(feats):
-        x[:, j] = parsed.values.pop(s.name)  # pop: each column is freed once copied
-    return x, [s.name for s in feats], [s.kind for s in feats]
+    kinds = {s.name: s.kind for s in specs}
+    pos = [k for k, name in enumerate(parsed.names)
+           if kinds[name] in ("real", "discrete", "categorical")]
+    if pos and pos == list(range(pos[0], pos[0] + len(pos))):
+        x = parsed.values[:, pos[0]:pos[0] + len(pos)]
+    else:
+        x = parsed.values[:, pos]
+    names = [parsed.names[k] for k in pos]
+    return x, names, [kinds[n] for n in names]

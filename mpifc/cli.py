@@ -4,9 +4,8 @@ Run it under ``mpiexec`` for multi-rank jobs (``mpiexec -n 4 mpifc train ...``).
 ``python -m mpi4py``, an uncaught exception on any rank aborts the whole job, printing the rank
 and the error; bad input is one line on stderr and exit code 2.
 
-Plugging in a subcommand: point its entry in :data:`HANDLERS` at ``"module:function"``; the
-function takes the parsed ``argparse.Namespace`` and returns an exit code. Its flags go in its
-``add_<command>_arguments`` function (and then work in config files too).
+Plugging in a subcommand: point its entry in :data:`COMMANDS` at the handler and at the function
+that adds its flags (see :class:`Command`).
 """
 from __future__ import annotations
 
@@ -14,19 +13,42 @@ import argparse
 import importlib
 import runpy
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import mpifc
 from mpifc.errors import UserError
 
-# Each subcommand's handler as "module:function", imported only when that subcommand runs.
-HANDLERS: dict[str, str] = {
-    "info": "mpifc.runtime.info:info_main",
-    "train": "mpifc.cli:not_yet_available",       # -> "mpifc.runtime.fc_job:train_main"
-    "evaluate": "mpifc.cli:not_yet_available",    # -> "mpifc.runtime.fc_job:evaluate_main"
-    "bench": "mpifc.cli:bench_main",
-    "experiment": "mpifc.cli:not_yet_available",  # -> "mpifc.experiments.<...>:experiment_main"
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its handler and the function that adds its flags, as ``"module:function"``.
+
+    Both are imported only when the CLI is built or run, so heavy modules load on demand. The
+    handler takes the parsed ``argparse.Namespace`` and returns an exit code. The CLI itself adds
+    ``--config`` to every subcommand but ``bench``; flags added by ``arguments`` then work in
+    config files too (``required=True`` flags may come from the file).
+    """
+
+    help: str
+    handler: str
+    arguments: str
+
+
+# Plugging in a subcommand is one line here, e.g.
+#   "train": Command("train a federated circuit", "mpifc.runtime.fc_job:train_main",
+#                    "mpifc.runtime.fc_job:add_train_arguments"),
+COMMANDS: dict[str, Command] = {
+    "info": Command("MPI library, ranks, devices and package versions", "mpifc.runtime.info:info_main",
+                    "mpifc.cli:add_job_arguments"),
+    "train": Command("train a federated circuit", "mpifc.cli:not_yet_available", "mpifc.cli:add_train_arguments"),
+    "evaluate": Command("evaluate a trained federated circuit", "mpifc.cli:not_yet_available",
+                        "mpifc.cli:add_evaluate_arguments"),
+    "bench": Command("run a benchmark from launch/bench/", "mpifc.cli:bench_main", "mpifc.cli:add_bench_arguments"),
+    "experiment": Command("run a paper experiment", "mpifc.cli:not_yet_available",
+                          "mpifc.cli:add_experiment_arguments"),
 }
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "launch" / "bench"
@@ -34,7 +56,6 @@ BENCH_DIR = Path(__file__).resolve().parents[1] / "launch" / "bench"
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags every MPI job has."""
-    p.add_argument("--config", metavar="FILE", help="TOML file whose keys mirror these flags (flags win)")
     p.add_argument("--deadline", type=float, default=300.0, metavar="S",
                    help="seconds any single send or receive may wait before the job aborts (default 300)")
     p.add_argument("--device", default="auto", metavar="DEV",
@@ -71,45 +92,66 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed")
 
 
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``mpifc bench``: a benchmark name and its own arguments."""
+    p.add_argument("name", help="benchmark name: a file launch/bench/<name>.py")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+
+
+def _load(ref: str) -> Callable[..., Any]:
+    module, _, func = ref.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each subcommand's parser by name."""
     parser = argparse.ArgumentParser(prog="mpifc", description="Federated probabilistic circuits on MPI.")
     parser.add_argument("--version", action="version", version=f"mpifc {mpifc.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    subs = {
-        "info": sub.add_parser("info", help="MPI library, ranks, devices and package versions"),
-        "train": sub.add_parser("train", help="train a federated circuit"),
-        "evaluate": sub.add_parser("evaluate", help="evaluate a trained federated circuit"),
-        "bench": sub.add_parser("bench", help="run a benchmark from launch/bench/"),
-        "experiment": sub.add_parser("experiment", help="run a paper experiment"),
-    }
-    add_job_arguments(subs["info"])
-    add_train_arguments(subs["train"])
-    add_evaluate_arguments(subs["evaluate"])
-    add_experiment_arguments(subs["experiment"])
-    subs["bench"].add_argument("name", help="benchmark name: a file launch/bench/<name>.py")
-    subs["bench"].add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    subs = {}
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        if name != "bench":
+            p.add_argument("--config", metavar="FILE",
+                           help="TOML file whose keys mirror these flags (flags on the command line win)")
+        _load(cmd.arguments)(p)
+        subs[name] = p
     return parser, subs
+
+
+def _command_in(argv: list[str], names: dict[str, Any]) -> str | None:
+    # Top-level options are only --help/--version, so the first known name is the subcommand.
+    return next((a for a in argv if a in names), None)
+
+
+def _config_path(argv: list[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    return known.config
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse ``argv``; values from ``--config`` fill in flags not given on the command line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser, subs = build_parser()
-    args = parser.parse_args(argv)
-    path = getattr(args, "config", None)
+    command = _command_in(argv, subs)
+    path = _config_path(argv) if command not in (None, "bench") else None
     if path:
         from mpifc.config import config_defaults
 
         configurable = {k: v for k, v in subs.items() if k != "bench"}
-        subs[args.command].set_defaults(**config_defaults(path, configurable, args.command))
-        args = parser.parse_args(argv)
-    return args
+        values = config_defaults(path, configurable, command)
+        subs[command].set_defaults(**values)
+        for action in subs[command]._actions:
+            if action.dest in values:
+                action.required = False  # the file supplies it
+    return parser.parse_args(argv)
 
 
 def resolve_handler(command: str) -> Callable[[argparse.Namespace], int | None]:
-    """Import the handler named in :data:`HANDLERS`."""
-    module, _, func = HANDLERS[command].partition(":")
-    return getattr(importlib.import_module(module), func)
+    """Import the handler named in :data:`COMMANDS`."""
+    return _load(COMMANDS[command].handler)
 
 
 def not_yet_available(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mpifc.cli import HANDLERS, build_parser, parse_args, resolve_handler
+from mpifc.cli import COMMANDS, build_parser, parse_args, resolve_handler
 from mpifc.errors import UserError
 from tests.mpi_util import REPO
 
@@ -80,11 +80,31 @@ def test_unknown_benchmark_is_exit_2_and_lists_the_known_ones():
 
 def test_every_subcommand_has_a_resolvable_handler():
     _, subs = build_parser()
-    assert set(subs) == set(HANDLERS) == {"info", "train", "evaluate", "bench", "experiment"}
-    for name in HANDLERS:
+    assert set(subs) == set(COMMANDS) == {"info", "train", "evaluate", "bench", "experiment"}
+    for name in COMMANDS:
         assert callable(resolve_handler(name))
 
 
 def test_argparse_errors_keep_exit_code_2():
     r = run_cli("train", "--seed", "abc")
     assert r.returncode == 2 and "invalid int value" in r.stderr
+
+
+def add_required_model_arguments(p):
+    """Flags of a stand-in subcommand with a required flag (as real ones have)."""
+    p.add_argument("--model", required=True)
+    p.add_argument("--epochs", type=int, default=1)
+
+
+def test_a_plugged_in_command_takes_required_flags_from_the_file(tmp_path, monkeypatch):
+    import mpifc.cli as cli
+
+    monkeypatch.setitem(cli.COMMANDS, "train", cli.Command("t", "mpifc.cli:not_yet_available",
+                                                            "tests.test_cli:add_required_model_arguments"))
+    cfg = write(tmp_path, '[train]\nmodel = "m.h5"\nepochs = 4\n')
+    a = parse_args(["train", "--config", str(cfg)])
+    assert (a.model, a.epochs) == ("m.h5", 4)
+    assert parse_args(["train", "--config", str(cfg), "--model", "x.h5"]).model == "x.h5"
+    with pytest.raises(SystemExit) as e:  # without the file the flag is still required
+        parse_args(["train", "--epochs", "2"])
+    assert e.value.code == 2

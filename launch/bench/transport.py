@@ -7,7 +7,9 @@ both see the same machine load; the table reports medians over repetitions.
 * latency: one-way time per message = round-trip time / 2, in microseconds;
 * bandwidth: message bytes / one-way time, in MB/s (1 MB = 1e6 bytes);
 * ``bw ratio``: mpifc / raw bandwidth (target >= 0.9 from 1 MB up);
-* ``added us``: mpifc latency - raw latency (target <= 20 us for small messages).
+* ``added us``: mpifc latency - raw latency (target <= 20 us for small messages);
+* ``cpu added``: the same difference in CPU time of rank 0 (``time.process_time``) per message:
+  on a loaded machine wall time is dominated by waiting to be scheduled, CPU time much less so.
 
 mpifc's receive allocates a fresh array per message (the API returns a new array) and records a
 ledger row; raw receives into a preallocated buffer, which is the best case for raw.
@@ -15,6 +17,7 @@ ledger row; raw receives into a preallocated buffer, which is the best case for 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -36,11 +39,12 @@ def iterations_for(size: int) -> int:
     return int(max(3, min(300, 2e7 // max(size, 1))))
 
 
-def raw_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int) -> float:
-    """Seconds per one-way message with raw Send/Recv (rank 0 sends first)."""
+def raw_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per one-way message with raw Send/Recv (rank 0 sends first)."""
     peer = 1 - comm.Get_rank()
     spec = [buf, buf.nbytes, MPI.BYTE]
     comm.Barrier()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for _ in range(iters):
         if comm.Get_rank() == 0:
@@ -49,13 +53,14 @@ def raw_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int) -> float:
         else:
             comm.Recv(spec, peer, RAW_TAG)
             comm.Send(spec, peer, RAW_TAG)
-    return (time.perf_counter() - t0) / (2 * iters)
+    return (time.perf_counter() - t0) / (2 * iters), (time.process_time() - c0) / (2 * iters)
 
 
-def mpifc_pingpong(tr: Transport, arr: np.ndarray, iters: int) -> float:
-    """Seconds per one-way message with the mpifc transport."""
+def mpifc_pingpong(tr: Transport, arr: np.ndarray, iters: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per one-way message with the mpifc transport."""
     peer = 1 - tr.rank
     tr.comm.Barrier()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     x = arr
     for _ in range(iters):
@@ -65,7 +70,7 @@ def mpifc_pingpong(tr: Transport, arr: np.ndarray, iters: int) -> float:
         else:
             x = tr.recv(peer, BENCH)
             tr.send(x, peer, BENCH)
-    return (time.perf_counter() - t0) / (2 * iters)
+    return (time.perf_counter() - t0) / (2 * iters), (time.process_time() - c0) / (2 * iters)
 
 
 def main() -> int:
@@ -96,27 +101,30 @@ def main() -> int:
                     raw_t.append(raw_pingpong(raw_comm, buf, iters))
                 else:
                     our_t.append(mpifc_pingpong(tr, buf, iters))
-        raw_s, our_s = float(np.median(raw_t)), float(np.median(our_t))
-        rows.append((size, iters, raw_s * 1e6, our_s * 1e6, (our_s - raw_s) * 1e6,
+        raw_s, our_s = float(np.median([t[0] for t in raw_t])), float(np.median([t[0] for t in our_t]))
+        raw_c, our_c = float(np.median([t[1] for t in raw_t])), float(np.median([t[1] for t in our_t]))
+        rows.append((size, iters, raw_s * 1e6, our_s * 1e6, (our_s - raw_s) * 1e6, (our_c - raw_c) * 1e6,
                      size / raw_s / 1e6, size / our_s / 1e6, raw_s / our_s))
     if world.Get_rank() == 0:
-        head = (f"{'bytes':>10} {'iters':>6} {'raw us':>10} {'mpifc us':>10} {'added us':>9} "
+        head = (f"{'bytes':>10} {'iters':>6} {'raw us':>10} {'mpifc us':>10} {'added us':>9} {'cpu added':>9} "
                 f"{'raw MB/s':>10} {'mpifc MB/s':>11} {'bw ratio':>9}")
         print(head)
-        for size, iters, r_us, o_us, add, r_bw, o_bw, ratio in rows:
-            print(f"{size:>10} {iters:>6} {r_us:>10.2f} {o_us:>10.2f} {add:>9.2f} {r_bw:>10.1f} {o_bw:>11.1f} "
-                  f"{ratio:>9.3f}")
+        for size, iters, r_us, o_us, add, cpu_add, r_bw, o_bw, ratio in rows:
+            print(f"{size:>10} {iters:>6} {r_us:>10.2f} {o_us:>10.2f} {add:>9.2f} {cpu_add:>9.2f} {r_bw:>10.1f} "
+                  f"{o_bw:>11.1f} {ratio:>9.3f}")
         small = [r for r in rows if r[0] <= 1024]
         big = [r for r in rows if r[0] >= 1 << 20]
         if small:
             print(f"small messages (<= 1 KiB): median added latency "
-                  f"{np.median([r[4] for r in small]):.2f} us (target <= 20)")
+                  f"{np.median([r[4] for r in small]):.2f} us wall, {np.median([r[5] for r in small]):.2f} us CPU "
+                  f"(target <= 20)")
         if big:
-            print(f"large messages (>= 1 MiB): min bandwidth ratio {min(r[7] for r in big):.3f}, "
-                  f"median {np.median([r[7] for r in big]):.3f} (target >= 0.9)")
+            print(f"large messages (>= 1 MiB): min bandwidth ratio {min(r[8] for r in big):.3f}, "
+                  f"median {np.median([r[8] for r in big]):.3f} (target >= 0.9)")
+        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
         if opts.out:
-            lines = ["bytes,iterations,raw_latency_us,mpifc_latency_us,added_latency_us,raw_MBps,mpifc_MBps,"
-                     "bandwidth_ratio"]
+            lines = ["bytes,iterations,raw_latency_us,mpifc_latency_us,added_latency_us,added_cpu_us,raw_MBps,"
+                     "mpifc_MBps,bandwidth_ratio"]
             lines += [",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in r) for r in rows]
             atomic_write_text(opts.out, "\n".join(lines) + "\n")
             print(f"wrote {opts.out}")

@@ -52,11 +52,11 @@ Readings taken where the text extraction lost symbols (see also the closing note
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy.special import betaln
 
 LOG2 = float(np.log(2.0))
 SETTINGS: tuple[str, ...] = ("CL/CI", "CL/DI", "DL/CI", "DL/DI")
@@ -172,6 +172,15 @@ class BetaBernoulliModel:
             raise ValueError("group_of must index the prior parameters")
 
 
+# math.lgamma on a few hundred counts: importing scipy.special for betaln costs more than this.
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def _log_beta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``log B(a, b)`` elementwise."""
+    return _lgamma(a) + _lgamma(b) - _lgamma(a + b)
+
+
 def _label_marginal_likelihood(alpha: np.ndarray, beta: np.ndarray, n_samples: int) -> np.ndarray:
     """``P(y_1..y_M | g_1..g_M)`` with ``W`` integrated out, over every (group, label) sequence.
 
@@ -184,7 +193,7 @@ def _label_marginal_likelihood(alpha: np.ndarray, beta: np.ndarray, n_samples: i
     for j in range(n_groups):
         ones = np.sum((g == j) & (y == 1), axis=0)
         zeros = np.sum((g == j) & (y == 0), axis=0)
-        log_ml += betaln(alpha[j] + ones, beta[j] + zeros) - betaln(alpha[j], beta[j])
+        log_ml += _log_beta(alpha[j] + ones, beta[j] + zeros) - _log_beta(alpha[j], beta[j])
     return np.exp(log_ml).reshape((2 * n_groups,) * n_samples)
 
 

@@ -39,7 +39,7 @@ def _import_builtin_models() -> None:
     # Importing the model modules registers their loaders; done lazily to keep imports light.
     import importlib
 
-    for mod in ("mpifc.circuit.spn", "mpifc.circuit.einet"):
+    for mod in ("mpifc.circuit.spn", "mpifc.circuit.ratspn", "mpifc.circuit.einet"):
         try:
             importlib.import_module(mod)
         except ImportError:

@@ -43,6 +43,9 @@ Params = dict[str, torch.Tensor]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
+_BIG = 1e150
+"""Deviations from the mean are clamped to +-_BIG in EM statistics (squares stay finite)."""
+
 
 def _as_tensor(x: Any, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
@@ -268,7 +271,8 @@ class Gaussian(Leaf):
         w = _flow(x, w)
         # Centre on the current mean: same shift on every shard keeps stats additive and avoids
         # the cancellation in E[x^2] - E[x]^2 for large means.
-        d = torch.nan_to_num(x - P["mean"], nan=0.0)
+        # Clamp so that absurd inputs (|x| ~ 1e300) cannot overflow the squares to inf.
+        d = torch.nan_to_num(x - P["mean"], nan=0.0).clamp(-_BIG, _BIG)
         return {"N": w.sum(0), "S1": (w * d).sum(0), "S2": (w * d * d).sum(0)}
 
     @classmethod
@@ -588,7 +592,10 @@ class PiecewiseLinear(Leaf):
         n = xs.shape[0]
         xc = torch.nan_to_num(x, nan=0.0)
         j = (torch.searchsorted(xs.contiguous(), xc.T.contiguous(), right=True) - 1).T
-        ok = (j >= 0) & (j < (P["len_xs"] - 1)[None, :])
+        last = P["len_xs"] - 1
+        # The support is closed: the last knot belongs to the last segment.
+        j = torch.where(xc == xs.gather(1, last[:, None])[:, 0][None, :], (last - 1)[None, :], j)
+        ok = (j >= 0) & (j < last[None, :])
         j = torch.where(ok, j, torch.zeros_like(j))
         col = torch.arange(n)[None, :]
         x0, x1, y0, y1 = xs[col, j], xs[col, j + 1], ys[col, j], ys[col, j + 1]
@@ -707,8 +714,12 @@ class DiscretizedGaussian(Leaf):
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
-        # The bin containing the mean has the largest mass (equal widths, unimodal density).
-        return torch.floor(P["mean"] / P["bin_width"]).clamp(torch.zeros_like(P["levels"]), P["levels"] - 1)
+        # Among the equal-width interior bins the one holding the mean has the most mass; the two
+        # half-infinite end bins can hold more, so compare those three candidates.
+        k = torch.floor(P["mean"] / P["bin_width"]).clamp(torch.zeros_like(P["levels"]), P["levels"] - 1)
+        cand = torch.stack([k, torch.zeros_like(k), P["levels"] - 1], 0)  # (3, n)
+        best = cls.batch_log_prob(P, cand).argmax(0, keepdim=True)
+        return cand.gather(0, best)[0]
 
     @classmethod
     def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -735,7 +746,9 @@ class DiscretizedGaussian(Leaf):
         good = torch.isfinite(d1) & torch.isfinite(vz)
         mid = (torch.nan_to_num(x, nan=0.0) + 0.5) * P["bin_width"] - P["mean"]
         d1 = torch.where(good, d1, mid)  # far-tail fallback: bin midpoint
-        vz = torch.where(good, vz, torch.zeros_like(vz))
+        used = w > 0
+        d1 = torch.where(used, d1, torch.zeros_like(d1)).clamp(-_BIG, _BIG)
+        vz = torch.where(good & used, vz, torch.zeros_like(vz)).clamp_max(_BIG)
         return {"N": w.sum(0), "S1": (w * d1).sum(0), "S2": (w * (vz + d1 * d1)).sum(0)}
 
     @classmethod

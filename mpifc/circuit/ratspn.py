@@ -204,6 +204,10 @@ class RatSPN:
         miss = torch.isnan(x)
         has_nan = bool(miss.any())
         x0 = torch.where(miss, torch.zeros_like(x), x) if has_nan else x
+        # Values beyond ~sqrt(max float) are "infinitely far" already; clamping keeps x^2 and the
+        # statistics finite (1e151 in float64, 2e16 in float32).
+        big = float(torch.finfo(self.dtype).max) ** 0.5 * 1e-3
+        x0 = x0.clamp(-big, big)
         zero = torch.zeros(1, B, dtype=self.dtype)
         idx = self.gidx.reshape(-1)
         gx = torch.cat([x0.T, zero]).index_select(0, idx).view(R * Gn, S, B)

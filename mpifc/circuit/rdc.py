@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import torch
 from scipy.stats import chi2, rankdata
 
 RDC_K = 10
@@ -122,39 +121,36 @@ def _random_feature_rdc(
     for j, x in enumerate(inputs):
         xin[:, j, : x.shape[1]] = x
         proj[j, : x.shape[1]] = gauss[j, : x.shape[1]] * (s / x.shape[1])
-    xin_t = torch.from_numpy(xin)
-    proj_t = torch.from_numpy(proj)
+    xin = np.ascontiguousarray(xin.transpose(1, 0, 2))  # (d, n, width): batched matmul layout
 
     # Mean and raw second moments of the (n, d*kk) feature matrix, accumulated in row blocks.
-    total = torch.zeros(d * kk, dtype=torch.float64)
-    gram = torch.zeros(d * kk, d * kk, dtype=torch.float64)
+    total = np.zeros(d * kk)
+    gram = np.zeros((d * kk, d * kk))
     for lo in range(0, n, _ROW_CHUNK):
-        feats = torch.sin(torch.einsum("ndw,dwk->ndk", xin_t[lo : lo + _ROW_CHUNK], proj_t))
-        feats = feats.reshape(feats.shape[0], d * kk)
+        feats = np.sin(np.matmul(xin[:, lo : lo + _ROW_CHUNK], proj))  # (d, rows, kk)
+        feats = feats.transpose(1, 0, 2).reshape(-1, d * kk)
         total += feats.sum(0)
         gram += feats.T @ feats
     mean = total / n
-    cov = gram / n - torch.outer(mean, mean)
-    blocks = cov.reshape(d, kk, d, kk)
+    cov = gram / n - np.outer(mean, mean)
+    blocks = cov.reshape(d, kk, d, kk).transpose(0, 2, 1, 3)  # (d, d, kk, kk)
 
     # Whitening per column: W_j = V diag(lam^-1/2) on the directions that exist.
-    diag = blocks[torch.arange(d), :, torch.arange(d), :]  # (d, kk, kk)
-    diag = 0.5 * (diag + diag.transpose(1, 2))
-    lam, vec = torch.linalg.eigh(diag)
-    lam_max = lam.max(dim=1, keepdim=True).values.clamp_min(0.0)
+    diag = blocks[np.arange(d), np.arange(d)]
+    diag = 0.5 * (diag + diag.transpose(0, 2, 1))
+    lam, vec = np.linalg.eigh(diag)
+    lam_max = np.maximum(lam.max(axis=1, keepdims=True), 0.0)
     # Features are bounded by 1, so variances below _ABS_TOL are rounding noise of E[f^2]-E[f]^2.
     keep = (lam > _RANK_TOL * lam_max) & (lam > _ABS_TOL)
-    constant = torch.from_numpy(np.ptp(data, axis=0) == 0)
-    keep &= ~constant[:, None]
-    inv_sqrt = torch.where(keep, lam.clamp_min(1e-300).rsqrt(), torch.zeros_like(lam))
+    keep &= ~(np.ptp(data, axis=0) == 0)[:, None]
+    inv_sqrt = np.where(keep, 1.0 / np.sqrt(np.maximum(lam, 1e-300)), 0.0)
     white = vec * inv_sqrt[:, None, :]  # (d, kk, kk)
 
     # Whitened cross-covariances, then their spectral norms = largest canonical correlations.
-    cross = torch.einsum("iap,iajb,jbq->ijpq", white, blocks, white)
-    sym = cross @ cross.transpose(-1, -2)
-    top = torch.linalg.eigvalsh(sym)[..., -1].clamp(0.0, 1.0).sqrt()
-    out = top.numpy().copy()
-    out = 0.5 * (out + out.T)
+    cross = np.matmul(np.matmul(white.transpose(0, 2, 1)[:, None], blocks), white[None, :])
+    sym = np.matmul(cross, cross.transpose(0, 1, 3, 2))
+    top = np.sqrt(np.clip(np.linalg.eigvalsh(sym)[..., -1], 0.0, 1.0))
+    out = 0.5 * (top + top.T)
     np.fill_diagonal(out, 1.0)
     return out
 

@@ -115,11 +115,15 @@ class SamplerCalibration:
         affine: ``(d, 2)`` ``(a, b)``; a real feature's conditional mean in standardised units is
             ``a + b * prediction``; ``(0, 1)`` for categoricals and component roots.
         resid_std: ``(d,)`` residual std in standardised units (reals), 0 for categoricals.
+        infer_steps, infer_lr, infer_consistency: the inference settings calibrated for.
     """
 
     order: list[int]
     affine: np.ndarray
     resid_std: np.ndarray
+    infer_steps: int = 50
+    infer_lr: float = 0.1
+    infer_consistency: float = 1.0
 
 
 @dataclass
@@ -149,10 +153,12 @@ class NGM:
     marginals: list[np.ndarray] = field(default_factory=list)
     calibration: SamplerCalibration | None = None
     n_train: int = 0
+    _layout_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _mask_cache: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @staticmethod
     def create(schema: Schema, graph: DependencyGraph, hidden: Sequence[int] = (32, 32),
-               activation: str = "relu", seed: int = 0) -> "NGM":
+               activation: str = "elu", seed: int = 0) -> "NGM":
         """A freshly initialised NGM (deterministic in ``seed``)."""
         if tuple(graph.names) != schema.names:
             if sorted(graph.names) != sorted(schema.names):
@@ -214,22 +220,36 @@ class NGM:
             out: ``(n, n_units)`` network output.
             target_std: ``(n, d)`` standardised targets; NaN targets give 0 loss.
         """
-        cols = []
-        for j, (f, sl) in enumerate(zip(self.schema.features, self.schema.unit_slices())):
-            t = target_std[:, j]
-            ok = ~torch.isnan(t)
-            if f.is_categorical:
-                logp = torch.log_softmax(out[:, sl], dim=1)
-                idx = torch.where(ok, t, torch.zeros_like(t)).long()
-                loss = -logp.gather(1, idx[:, None])[:, 0]
-            else:
-                loss = (out[:, sl.start] - torch.where(ok, t, torch.zeros_like(t))) ** 2
-            cols.append(torch.where(ok, loss, torch.zeros_like(loss)))
-        return torch.stack(cols, dim=1)
+        real_f, real_u, cats = self._layout()
+        ok = ~torch.isnan(target_std)
+        t = torch.where(ok, target_std, torch.zeros_like(target_std))
+        loss = torch.zeros_like(t)
+        if len(real_f):
+            loss[:, real_f] = (out[:, real_u] - t[:, real_f]) ** 2
+        for j, a, b in cats:
+            logp = torch.log_softmax(out[:, a:b], dim=1)
+            loss[:, j] = -logp.gather(1, t[:, j].long()[:, None])[:, 0]
+        return torch.where(ok, loss, torch.zeros_like(loss))
+
+    def _layout(self) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+        """Cached ``(real feature idx, their unit idx, [(cat feature, unit start, unit stop)])``."""
+        if self._layout_cache is None:
+            real_f, real_u, cats = [], [], []
+            for j, (f, sl) in enumerate(zip(self.schema.features, self.schema.unit_slices())):
+                if f.is_categorical:
+                    cats.append((j, sl.start, sl.stop))
+                else:
+                    real_f.append(j)
+                    real_u.append(sl.start)
+            self._layout_cache = (torch.tensor(real_f, dtype=torch.long), torch.tensor(real_u, dtype=torch.long), cats)
+        return self._layout_cache
 
     # ---- graph constraint -----------------------------------------------------------------
     def penalty_mask(self) -> torch.Tensor:
-        return penalty_mask(self.schema, self.graph)
+        """``S^c`` (cached: schema and graph are immutable)."""
+        if self._mask_cache is None:
+            self._mask_cache = penalty_mask(self.schema, self.graph)
+        return self._mask_cache
 
     def path_norm(self) -> torch.Tensor:
         """``||P * S^c||_1``: total strength of the forbidden paths (eq. 1), differentiable."""
@@ -271,7 +291,9 @@ class NGM:
         meta = {"schema": self.schema.to_dict(), "hidden": list(self.hidden), "activation": self.activation,
                 "n_train": self.n_train}
         if self.calibration is not None:
-            meta["order"] = [int(i) for i in self.calibration.order]
+            c = self.calibration
+            meta["order"] = [int(i) for i in c.order]
+            meta["infer"] = [int(c.infer_steps), float(c.infer_lr), float(c.infer_consistency)]
             arrays["affine"] = self.calibration.affine.copy()
             arrays["resid_std"] = self.calibration.resid_std.copy()
         return meta, arrays
@@ -298,8 +320,10 @@ class NGM:
                                for j in range(schema.n_features)]
             model.n_train = int(meta.get("n_train", 0))
             if "order" in meta:
+                steps, lr, cons = meta.get("infer", [50, 0.1, 1.0])
                 model.calibration = SamplerCalibration(list(meta["order"]), np.asarray(arrays["affine"]).copy(),
-                                                       np.asarray(arrays["resid_std"]).copy())
+                                                       np.asarray(arrays["resid_std"]).copy(), int(steps),
+                                                       float(lr), float(cons))
         except KeyError as e:
             raise UserError(f"NGM payload: missing entry {e}") from None
         return model

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from mpifc.errors import UserError
-from mpifc.ngm.inference import infer_outputs
+from mpifc.ngm.inference import InferenceSettings, infer_outputs
 from mpifc.ngm.model import NGM, QUANTILE_LEVELS, SamplerCalibration
 
 
@@ -31,8 +31,9 @@ def _roots(model: NGM, order: list[int]) -> np.ndarray:
     return is_root
 
 
-def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000, steps: int = 50, lr: float = 0.1,
-                      seed: int = 0, start: int | None = None) -> SamplerCalibration:
+def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000,
+                      settings: InferenceSettings = InferenceSettings(), seed: int = 0,
+                      start: int | None = None) -> SamplerCalibration:
     """Fit the sampling order, the per-feature affine correction and residual stds on ``x``.
 
     One batched inference: row block ``p`` holds the calibration rows with every feature from
@@ -42,7 +43,7 @@ def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000, steps: in
         model: a trained NGM.
         x: ``(n, d)`` the client's training data.
         max_rows: rows used (a seeded random subset when ``n`` is larger).
-        steps, lr: inference settings (use the ones sampling will use).
+        settings: inference settings; stored with the calibration and used by :func:`sample`.
         seed: subset choice.
         start: first node of the BFS order (default: the node of largest degree).
     """
@@ -60,7 +61,7 @@ def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000, steps: in
             ev = rows.copy()
             ev[:, order[p:]] = np.nan
             blocks.append(ev)
-        out = infer_outputs(model, np.concatenate(blocks), steps, lr).numpy().astype(np.float64)
+        out = infer_outputs(model, np.concatenate(blocks), settings).numpy().astype(np.float64)
         slices = model.schema.unit_slices()
         m = rows.shape[0]
         for b, (_, j) in enumerate(targets):
@@ -73,7 +74,7 @@ def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000, steps: in
     for j, f in enumerate(model.schema.features):
         if is_root[j] and not f.is_categorical:
             resid[j] = 1.0  # unused: roots come from the marginal quantiles
-    return SamplerCalibration(order, affine, resid)
+    return SamplerCalibration(order, affine, resid, settings.steps, settings.lr, settings.consistency)
 
 
 def _from_quantiles(q: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -83,14 +84,14 @@ def _from_quantiles(q: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.interp(levels[0] + u * (levels[-1] - levels[0]), levels, q)
 
 
-def sample(model: NGM, n: int, rng: np.random.Generator, steps: int = 50, lr: float = 0.1) -> np.ndarray:
+def sample(model: NGM, n: int, rng: np.random.Generator, settings: InferenceSettings | None = None) -> np.ndarray:
     """Draw ``n`` rows ``(n, d)`` from the NGM in graph order (see the module docstring).
 
     Args:
         model: a trained NGM (its calibration is used when present).
         n: number of samples.
         rng: the only source of randomness.
-        steps, lr: inference settings for each conditional.
+        settings: inference settings for each conditional; default: those of the calibration.
     """
     if n < 0:
         raise UserError(f"sampling: n must be >= 0, got {n}")
@@ -99,6 +100,8 @@ def sample(model: NGM, n: int, rng: np.random.Generator, steps: int = 50, lr: fl
     cal = model.calibration
     if cal is None:
         cal = SamplerCalibration(model.graph.bfs_order(), np.tile([0.0, 1.0], (d, 1)), np.ones(d))
+    if settings is None:
+        settings = InferenceSettings(cal.infer_steps, cal.infer_lr, cal.infer_consistency)
     order = cal.order
     is_root = _roots(model, order)
     x = np.full((n, d), np.nan)
@@ -111,7 +114,7 @@ def sample(model: NGM, n: int, rng: np.random.Generator, steps: int = 50, lr: fl
             else:
                 x[:, j] = _from_quantiles(model.marginals[j], rng.random(n))
             continue
-        out = infer_outputs(model, x, steps, lr)[:, slices[j]]
+        out = infer_outputs(model, x, settings)[:, slices[j]]
         if f.is_categorical:
             p = torch.softmax(out, dim=1).numpy().astype(np.float64)
             cum = np.cumsum(p, axis=1)

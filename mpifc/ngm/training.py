@@ -17,6 +17,7 @@ import torch
 
 from mpifc.errors import UserError
 from mpifc.ngm.graph import DependencyGraph
+from mpifc.ngm.inference import InferenceSettings
 from mpifc.ngm.model import DTYPE, NGM
 from mpifc.ngm.sampling import calibrate_sampler
 from mpifc.ngm.schema import Schema
@@ -33,28 +34,27 @@ class TrainConfig:
         lam: weight of the graph-constrained path norm.
         seed: initialisation and shuffling seed (same seed, same data -> same model).
         public_weight: weight of the public-data fit term (eq. 3), when public data is given.
-        infer_steps, infer_lr: input-optimisation settings for calibration (and later sampling).
+        inference: input-optimisation settings the sampler is calibrated for (and samples with).
         calib_rows: rows used to calibrate the sampler; 0 skips calibration.
     """
 
     epochs: int = 50
     batch_size: int = 256
-    lr: float = 3e-3
-    lam: float = 1e-2
+    lr: float = 1e-2
+    lam: float = 1.0
     seed: int = 0
     public_weight: float = 1.0
-    infer_steps: int = 50
-    infer_lr: float = 0.1
+    inference: InferenceSettings = InferenceSettings()
     calib_rows: int = 1000
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"NGM training: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("lr", "infer_lr"):
+        for name in ("lr",):
             if not getattr(self, name) > 0:
                 raise UserError(f"NGM training: {name} must be > 0, got {getattr(self, name)}")
-        for name in ("lam", "public_weight", "infer_steps", "calib_rows"):
+        for name in ("lam", "public_weight", "calib_rows"):
             if getattr(self, name) < 0:
                 raise UserError(f"NGM training: {name} must be >= 0, got {getattr(self, name)}")
 
@@ -128,13 +128,12 @@ def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | N
         if not np.isfinite(history[-1]):
             raise UserError(f"NGM training diverged (loss {history[-1]}); lower lr (now {config.lr}) or lam")
     if config.calib_rows > 0:
-        model.calibration = calibrate_sampler(model, x, config.calib_rows, config.infer_steps, config.infer_lr,
-                                              seed=config.seed)
+        model.calibration = calibrate_sampler(model, x, config.calib_rows, config.inference, seed=config.seed)
     return history
 
 
 def fit_ngm(x: np.ndarray, schema: Schema, graph: DependencyGraph, hidden: Sequence[int] = (32, 32),
-            activation: str = "relu", config: TrainConfig = TrainConfig(),
+            activation: str = "elu", config: TrainConfig = TrainConfig(),
             public: np.ndarray | None = None) -> NGM:
     """Create and train an NGM on ``x`` ``(n, d)`` under ``graph`` (a client's local model, eq. 1)."""
     model = NGM.create(schema, graph, hidden, activation, seed=config.seed)

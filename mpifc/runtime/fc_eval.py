@@ -1,9 +1,10 @@
 """Evaluation of a trained FC on the held-out test set: distributed upward pass or gathered model.
 
-Distributed: clients evaluate their own leaves. In vertical and hybrid data each client reads its
-own ``test/x`` (its features of the test rows) and first sends a digest of its test ids so the
-server can check alignment. In horizontal data the querier (rank 0) sends each client the query
-rows over its features (``fc.query.evidence``, counted as query traffic), with the target blanked.
+Distributed: clients evaluate their own leaves. In vertical data each client reads its own
+``test/x`` (its features of every test row) and first sends a digest of its test ids so the
+server can check alignment. In horizontal and hybrid data a client holds only some test rows, so
+the querier (rank 0) sends each client the query rows over its features (``fc.query.evidence``,
+counted as query traffic), with the target blanked. ``--evidence local|querier`` overrides this.
 
 One pass per batch computes ``log p(x_{-y}, y = c)`` for every class ``c``: the test
 log-likelihood is the entry of the true class, the prediction the arg-max.
@@ -61,7 +62,10 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     query = make_query(fc)
     n = int(manifest.test["n"])
-    evidence_from_querier = manifest.setting == "horizontal" or cfg.get("evidence") == "querier"
+    # Vertical clients hold every test row (their features); horizontal and data_prep's hybrid
+    # clients hold only some test rows, so the querier supplies the evidence there.
+    mode = cfg.get("evidence") or "auto"
+    evidence_from_querier = mode == "querier" or (mode == "auto" and manifest.setting != "vertical")
     client_at = {c.rank: c for c in fc.clients.values()}
     t = ctx.transport
     ctx.ledger.set_phase("query-setup")

@@ -111,7 +111,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model file written by train")
     p.add_argument("--distributed", action="store_true", help="upward pass over the ranks ψ names")
     p.add_argument("--evidence", default="auto", choices=("auto", "querier", "local"),
-                   help="who supplies the test rows: auto = querier for horizontal data, else each client")
+                   help="who supplies the test rows: auto = each client for vertical data, else the querier")
     p.add_argument("--batch", type=int, default=10_000, help="samples per upward pass")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")

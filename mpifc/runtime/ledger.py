@@ -61,8 +61,9 @@ class CommLedger:
         self._phases: list[str] = ["default"]
         self._phase_index: dict[str, int] = {"default": 0}
         self.phase_id = 0
-        # sent[d] = (messages, payload bytes, header bytes) this rank sent to rank d.
-        self.sent = np.zeros((size, 3), dtype=np.int64)
+        # _sent[d] = [messages, payload bytes, header bytes] this rank sent to rank d (plain ints:
+        # cheaper to bump per message than numpy scalars).
+        self._sent = [[0, 0, 0] for _ in range(size)]
 
     # -- phases -------------------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
@@ -100,10 +101,15 @@ class CommLedger:
 
     def count_sent(self, dst: int, payload_bytes: int, header_bytes: int) -> None:
         """Count one message this rank sent to ``dst``."""
-        s = self.sent[dst]
+        s = self._sent[dst]
         s[0] += 1
         s[1] += payload_bytes
         s[2] += header_bytes
+
+    @property
+    def sent(self) -> np.ndarray:
+        """``(size, 3)`` int64: messages, payload bytes, header bytes this rank sent to each rank."""
+        return np.array(self._sent, dtype=np.int64).reshape(self.size, 3)
 
     # -- reading ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -117,6 +123,14 @@ class CommLedger:
     def local_table(self) -> "LedgerTable":
         """This rank's rows with phase names resolved."""
         return LedgerTable.from_parts([(self.rows.copy(), self.phase_names, self.sent.copy(), self.rank)])
+
+    def write_csv(self, path: str | Path) -> Path:
+        """Write this rank's rows (LEAF style, atomically); use :meth:`gather` for the whole job."""
+        return self.local_table().write_csv(path)
+
+    def summary(self) -> "LedgerSummary":
+        """Per-link / per-phase / per-kind totals of this rank's rows."""
+        return self.local_table().summary()
 
     def gather(self, comm: Any, root: int = 0) -> "LedgerTable | None":
         """Collect every rank's rows on ``root`` (collective: every rank must call it).

@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpifc.runtime import wire
+from mpifc.runtime.bufpool import RecvBufferPool
 from mpifc.runtime.kinds import MessageKind, as_kind, kind_by_id
 from mpifc.runtime.ledger import CommLedger
 
@@ -54,6 +55,10 @@ def to_wire_array(x: Any) -> tuple[np.ndarray, int, int]:
     torch tensors (any device; bfloat16 travels as its uint16 bits).
     """
     flags = 0
+    if type(x) is np.ndarray and x.flags.c_contiguous:
+        code = wire.DTYPE_CODES.get(x.dtype)
+        if code is not None and x.ndim <= wire.MAX_NDIM:
+            return x, code, 0
     if _is_torch(x):
         import torch
 
@@ -84,8 +89,10 @@ def _contiguous(arr: np.ndarray) -> np.ndarray:
 
 
 def _byte_view(arr: np.ndarray) -> memoryview:
-    """The bytes of a contiguous array, writable when the array is (0-d and empty work too)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    """The bytes of a C-contiguous array, writable when the array is (0-d and empty work too)."""
+    if arr.size == 0:
+        return memoryview(b"")
+    return memoryview(arr).cast("B")
 
 
 @dataclass
@@ -124,7 +131,7 @@ class Transport:
     """
 
     def __init__(self, comm: MPI.Comm, ledger: CommLedger, deadline: float = 300.0, *,
-                 spin_s: float = 2e-3, max_sleep_s: float = 2e-3,
+                 spin_s: float = 20e-3, max_sleep_s: float = 2e-3,
                  inline_max: int = INLINE_MAX_BYTES, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.comm = comm
         self.ledger = ledger
@@ -141,9 +148,14 @@ class Transport:
         if tag_ub is not None and tag_ub < (1 << 15) - 1:
             raise RuntimeError(f"this MPI's MPI_TAG_UB is {tag_ub}, below the standard's 32767")
         self._status = MPI.Status()
+        # Called as hook(kind, dest, wire_array, is_pickle) before every send, on every path
+        # (privacy audits); wire_array is the pickle's bytes as uint8 for send_obj.
+        self.send_hooks: list[Callable[[MessageKind, int, np.ndarray, bool], None]] = []
         # One reusable buffer for header messages (header + inline payload); every rank must use
         # the same inline_max, since a longer header message would not fit.
         self._hbuf = bytearray(wire.header_size(wire.MAX_NDIM) + self.inline_max)
+        self._sbuf = bytearray(len(self._hbuf))  # blocking small sends pack here
+        self.pool = RecvBufferPool()  # big receives reuse buffers their arrays no longer hold
         self._to_self: list[PendingSend] = []   # sends to this rank, kept alive until received
         # Messages per (peer, kind id), both directions: lets an actor's shutdown say how many
         # messages of each kind preceded it (MPI orders messages only within one tag).
@@ -156,7 +168,38 @@ class Transport:
 
         A send to this rank itself returns at once (MPI completes it only when received).
         """
-        self._complete_send(self.isend(x, dest, kind))
+        if "isend" in self.__dict__:
+            # isend was replaced on this instance (e.g. by an audit wrapper): route through it.
+            self._complete_send(self.isend(x, dest, kind))
+            return
+        k = kind if type(kind) is MessageKind else as_kind(kind)
+        arr, code, flags = to_wire_array(x)
+        nbytes = arr.nbytes
+        if self.send_hooks:
+            for hook in self.send_hooks:
+                hook(k, dest, arr, False)
+        if nbytes > self.inline_max or dest == self.rank:
+            if dest != self.rank:
+                flags |= wire.FLAG_SENDER_WAITS
+            self._complete_send(self._isend_array(arr, code, flags, dest, k, hooked=True))
+            return
+        # Small message, the hot path: one MPI message from a reusable buffer (safe because we
+        # wait for completion before returning), no bookkeeping objects.
+        self._check_peer(dest, "send to")
+        buf = self._sbuf
+        hlen = wire.pack_header(buf, code, arr.shape, flags | wire.FLAG_INLINE, k.kind_id, 0, _now(), nbytes)
+        if nbytes:
+            buf[hlen: hlen + nbytes] = _byte_view(arr)
+        req = self.comm.Isend([buf, hlen + nbytes, MPI.BYTE], dest, k.tag)
+        self._count_send(dest, k.kind_id, nbytes, hlen)
+        if not req.Test():
+            self._wait_requests([req], nbytes, lambda: f"rank {dest} to receive a {k.name!r} message "
+                                                       f"({nbytes} bytes) from rank {self.rank}")
+
+    def _count_send(self, dest: int, kind_id: int, nbytes: int, hlen: int) -> None:
+        self.ledger.count_sent(dest, nbytes, hlen)
+        key = (dest, kind_id)
+        self.sent_counts[key] = self.sent_counts.get(key, 0) + 1
 
     def _complete_send(self, pending: PendingSend) -> None:
         if pending.dest != self.rank:
@@ -184,8 +227,12 @@ class Transport:
         arr = np.frombuffer(data, dtype=np.uint8)
         return self._isend_array(arr, wire.DTYPE_CODES[np.dtype(np.uint8)], wire.FLAG_PICKLE, dest, k)
 
-    def _isend_array(self, arr: np.ndarray, code: int, flags: int, dest: int, kind: MessageKind) -> PendingSend:
+    def _isend_array(self, arr: np.ndarray, code: int, flags: int, dest: int, kind: MessageKind,
+                     hooked: bool = False) -> PendingSend:
         self._check_peer(dest, "send to")
+        if self.send_hooks and not hooked:
+            for hook in self.send_hooks:
+                hook(kind, dest, arr, bool(flags & wire.FLAG_PICKLE))
         nbytes = arr.nbytes
         hlen = wire.header_size(arr.ndim)
         tag = kind.tag
@@ -208,9 +255,7 @@ class Transport:
                 piece = view[lo: lo + self.chunk_bytes]
                 reqs.append(self.comm.Isend([piece, len(piece), MPI.BYTE], dest, tag))
             buffers = [buf, arr]
-        self.ledger.count_sent(dest, nbytes, hlen)
-        key = (dest, kind.kind_id)
-        self.sent_counts[key] = self.sent_counts.get(key, 0) + 1
+        self._count_send(dest, kind.kind_id, nbytes, hlen)
         return PendingSend(reqs, buffers, dest, kind, nbytes, self)
 
     # ----------------------------------------------------------------------------- receiving
@@ -317,25 +362,29 @@ class Transport:
     def _poll(self, test: Callable[[], bool], spin_s: float) -> bool:
         """Call ``test`` until it is true (-> True) or the deadline passes (-> False).
 
-        Spins first (latency), yielding the core after 50 us so an oversubscribed peer can run,
-        then sleeps with exponential back-off up to ``max_sleep_s`` (CPU).
+        Spins for ``spin_s`` first (latency), yielding the core every few polls as MPICH's own
+        blocking calls do, so that on an oversubscribed node the peer we wait for gets to run;
+        then sleeps with exponential back-off up to ``max_sleep_s`` (so a rank that waits long
+        for a computing peer does not burn a core).
         """
         if test():
             return True
         t0 = time.perf_counter()
         deadline_at = t0 + self.deadline
-        yield_after = t0 + 5e-5
         spin_until = t0 + spin_s
         sleep = 20e-6
+        polls = 0
         while not test():
-            now = time.perf_counter()
-            if now >= deadline_at:
-                return False
-            if now >= spin_until:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, self.max_sleep_s)
-            elif now >= yield_after:
-                os.sched_yield()
+            polls += 1
+            if polls & 63 == 0:
+                now = time.perf_counter()
+                if now >= deadline_at:
+                    return False
+                if now < spin_until:
+                    os.sched_yield()
+                else:
+                    time.sleep(sleep)
+                    sleep = min(sleep * 2, self.max_sleep_s)
         return True
 
     def _recv_posted(self, source: int, kind: MessageKind, out: np.ndarray | None,
@@ -416,7 +465,7 @@ class Transport:
             self.ledger.record(kind_id, src, nbytes, hlen, 1, t_send, _now())
             return arr, flags
         if out is None:
-            arr = np.empty(shape, dtype=dtype)
+            arr = self.pool.empty(shape, dtype)
         view = _byte_view(arr)
         if len(view) != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: shape {shape} of "
@@ -427,9 +476,14 @@ class Transport:
             piece = view[lo: lo + self.chunk_bytes]
             reqs.append(self.comm.Irecv([piece, len(piece), MPI.BYTE], src, kind.tag))
         statuses = [MPI.Status() for _ in reqs]
-        self._wait_requests(reqs, nbytes,
-                            lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}",
-                            statuses)
+        if flags & wire.FLAG_SENDER_WAITS:
+            # The sender is inside send(), polling under its own deadline (and aborting the job
+            # when it passes), so waiting inside MPI cannot hang; it keeps full bandwidth.
+            MPI.Request.Waitall(reqs, statuses)
+        else:
+            self._wait_requests(reqs, nbytes,
+                                lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}",
+                                statuses)
         got = sum(s.Get_count(MPI.BYTE) for s in statuses)
         if got != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: received {got} payload "

@@ -22,12 +22,14 @@ VERSION = 1
 FLAG_INLINE = 1   # payload follows the header in the same MPI message
 FLAG_PICKLE = 2   # payload is a pickle (uint8), not an array
 FLAG_BF16 = 4     # payload is torch.bfloat16 bits carried as uint16
+FLAG_SENDER_WAITS = 8  # the sender blocks in send() until its chunks are taken, so the
+                       # receiver may wait for them inside MPI (faster than polling)
 
 # magic u8, version u8, dtype code u8, ndim u8, flags u8, pad u8, kind id u16,
 # n_chunks u32, reserved u32, t_send f64, nbytes i64  -> 32 bytes, keeps the payload 8-aligned.
 _FIXED = struct.Struct("<BBBBBBHIIdq")
-HEADER_FIXED = _FIXED.size
 MAX_NDIM = 32
+HEADER_FIXED = _FIXED.size
 
 DTYPE_CODES: dict[np.dtype, int] = {
     np.dtype(np.bool_): 1, np.dtype(np.int8): 2, np.dtype(np.uint8): 3, np.dtype(np.int16): 4,
@@ -47,15 +49,18 @@ def header_size(ndim: int) -> int:
     return HEADER_FIXED + 8 * ndim
 
 
+# One compiled Struct per ndim: packing a header is then a single call (hot path).
+_FULL = [struct.Struct(_FIXED.format + "q" * n) for n in range(MAX_NDIM + 1)]
+_SHAPE = [struct.Struct("<" + "q" * n) for n in range(MAX_NDIM + 1)]
+
+
 def pack_header(buf: bytearray | memoryview, dtype_code: int, shape: tuple[int, ...], flags: int,
                 kind_id: int, n_chunks: int, t_send: float, nbytes: int) -> int:
     """Write a header into ``buf``; returns its length in bytes."""
-    ndim = len(shape)
-    _FIXED.pack_into(buf, 0, MAGIC, VERSION, dtype_code, ndim, flags, 0, kind_id, n_chunks, 0,
-                     t_send, nbytes)
-    if ndim:
-        struct.pack_into(f"<{ndim}q", buf, HEADER_FIXED, *shape)
-    return HEADER_FIXED + 8 * ndim
+    full = _FULL[len(shape)]
+    full.pack_into(buf, 0, MAGIC, VERSION, dtype_code, len(shape), flags, 0, kind_id, n_chunks, 0,
+                   t_send, nbytes, *shape)
+    return full.size
 
 
 def unpack_header(buf: bytes | bytearray | memoryview, count: int) -> tuple[int, tuple[int, ...], int, int, int, float, int, int]:
@@ -70,7 +75,7 @@ def unpack_header(buf: bytes | bytearray | memoryview, count: int) -> tuple[int,
     if magic != MAGIC or version != VERSION:
         raise WireError(f"not an mpifc v{VERSION} header (magic {magic:#x}, version {version})")
     hlen = HEADER_FIXED + 8 * ndim
-    if count < hlen:
+    if ndim > MAX_NDIM or count < hlen:
         raise WireError(f"truncated header: {count} bytes for {ndim} dimensions")
-    shape = struct.unpack_from(f"<{ndim}q", buf, HEADER_FIXED) if ndim else ()
-    return code, tuple(shape), flags, kind_id, n_chunks, t_send, nbytes, hlen
+    shape = _SHAPE[ndim].unpack_from(buf, HEADER_FIXED) if ndim else ()
+    return code, shape, flags, kind_id, n_chunks, t_send, nbytes, hlen

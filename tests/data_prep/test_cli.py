@@ -137,3 +137,18 @@ def test_list_shows_every_dataset(capsys):
     out = capsys.readouterr().out
     for name in ("breast-cancer", "digits", "adult", "credit", "mnist", "debd", "csv"):
         assert name in out
+
+
+def test_same_seed_same_checksums_across_processes(tmp_path):
+    data = _write_csv(tmp_path, _rows())
+    sums = []
+    for k, hash_seed in enumerate(("1", "2")):
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED=hash_seed)
+        proc = subprocess.run([sys.executable, "-m", "data_prep", "--dataset", "csv", "--path",
+                               str(data), "--encode", "none", "--setting", "hybrid",
+                               "--clients", "2", "--shared-features", "1", "--seed", "9",
+                               "--out", f"o{k}"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        sums.append([c["sha256"] for c in S.load_manifest(tmp_path / f"o{k}").clients])
+    assert sums[0] == sums[1]

@@ -1,8 +1,9 @@
-"""Loaders: real datasets when ../shared/data is present (skipped otherwise), idx on made-up files."""
+"""Loaders: real data when ../shared/data is present (else skipped), idx on made-up files."""
 from __future__ import annotations
 
 import gzip
 import struct
+import zipfile
 
 import numpy as np
 import pytest
@@ -45,6 +46,47 @@ def test_debd_malformed_line_is_named(tmp_path):
         load_dataset("debd", tmp_path)
 
 
+ADULT_ROW = "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, " \
+            "Not-in-family, White, Male, 2174, 0, 40, United-States, "
+
+
+def test_adult_files_junk_line_full_stops_and_missing(tmp_path):
+    (tmp_path / "adult.data").write_text(ADULT_ROW + "<=50K\n" +
+                                         ADULT_ROW.replace("State-gov", "?") + ">50K\n\n")
+    test = "|1x3 Cross validator\n" + ADULT_ROW + ">50K.\n"
+    (tmp_path / "adult.test").write_text(test)
+    table = load_dataset("adult", tmp_path)
+    assert table.x.shape == (3, 14) and table.classes == ["<=50K", ">50K"]
+    assert table.y.tolist() == [0, 1, 1] and table.own_test.tolist() == [False, False, True]
+    assert np.isnan(table.x[1, 1]) and table.categories["workclass"] == ["State-gov"]
+    (tmp_path / "adult.test").write_text(test + "25, Private\n")
+    with pytest.raises(UserError, match=r"adult\.test line 3: expected 15 fields, got 2"):
+        load_dataset("adult", tmp_path)
+
+
+CREDIT_HEAD = (",SeriousDlqin2yrs,RevolvingUtilizationOfUnsecuredLines,age,DebtRatio,"
+               "MonthlyIncome,NumberOfDependents")
+
+
+def test_credit_from_a_zip_drops_the_index_and_reads_na(tmp_path):
+    rows = [CREDIT_HEAD, "1,1,0.76,45,0.80,9120,2", "2,0,0.95,40,0.12,NA,1",
+            "3,0,0.65,38,0.08,3042,NA"]
+    with zipfile.ZipFile(tmp_path / "cs-training.csv.zip", "w") as zf:
+        zf.writestr("cs-training.csv", "\n".join(rows) + "\n")
+    table = load_dataset("credit", tmp_path)
+    assert table.features == ["RevolvingUtilizationOfUnsecuredLines", "age", "DebtRatio",
+                              "MonthlyIncome", "NumberOfDependents"]
+    assert table.y.tolist() == [1, 0, 0] and table.classes == [0, 1]
+    assert np.isnan(table.x[1, 3]) and np.isnan(table.x[2, 4])
+    assert table.meta_types[1] == "discrete"
+
+
+def test_credit_without_its_target_column(tmp_path):
+    (tmp_path / "cs-training.csv").write_text(",age,DebtRatio\n1,45,0.8\n")
+    with pytest.raises(UserError, match="no target column 'SeriousDlqin2yrs'"):
+        load_dataset("credit", tmp_path)
+
+
 @needs_data("adult")
 def test_adult_hybrid(tmp_path):
     prepared = prepare(dataset="adult", setting="hybrid", clients=3, max_rows=3000)
@@ -81,7 +123,8 @@ def test_mnist_label_split_one_digit_per_client():
     prepared = prepare(dataset="mnist", setting="horizontal", split="label", clients=10,
                        max_rows=2000)
     fields = prepared.manifest_fields()
-    assert fields["image"] == {"shape": [28, 28], "levels": 256, "file_scale": 1 / 256}
+    assert fields["image"] == {"shape": [28, 28], "levels": 256, "range": [0, 255],
+                               "file_scale": 1 / 256}
     assert fields["preprocessing"]["standardize"] is False
     digits = set()
     for i in range(10):

@@ -175,6 +175,11 @@ def test_make_partition_errors_name_the_problem():
                          ["a", "b", "c"], "y")
     with pytest.raises(UserError, match="central has exactly one client"):
         P.make_partition(_spec(setting="central"), train, test, ["a"], None)
+    with pytest.raises(UserError, match="--split label splits samples"):
+        P.make_partition(_spec(setting="vertical", split="label"), train, test, ["a"] * 3,
+                         "y", labels=np.zeros(12, np.int64))
+    with pytest.raises(UserError, match="--label-owner applies to vertical and hybrid"):
+        P.make_partition(_spec(label_owner=1), train, test, ["a"], "y")
 
 
 def test_make_partition_is_deterministic_per_seed():
@@ -189,3 +194,39 @@ def test_make_partition_is_deterministic_per_seed():
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+
+
+@settings(max_examples=40, deadline=None)
+@given(setting=st.sampled_from(["central", "horizontal", "vertical", "hybrid"]),
+       n_train=st.integers(8, 120), n_feat=st.integers(5, 12), n_clients=st.integers(2, 4),
+       split=st.sampled_from(["iid", "label", "dirichlet"]), seed=st.integers(0, 999))
+def test_every_train_cell_is_held_and_rows_are_consistent(setting, n_train, n_feat, n_clients,
+                                                           split, seed):
+    if setting == "central":
+        n_clients = 1
+    if setting in ("central", "vertical"):
+        split = "iid"
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, n_train + 10)
+    feats = [f"f{j}" for j in range(n_feat)]
+    spec = P.PartitionSpec(setting=setting, n_clients=n_clients, seed=seed, split=split,
+                           alpha=5.0)
+    try:
+        part = P.make_partition(spec, np.arange(n_train), np.arange(n_train, n_train + 10),
+                                feats, "y", labels=labels)
+    except UserError as err:  # an empty client is a legal outcome of a skewed split
+        assert "would get no training rows" in str(err)
+        return
+    held = np.zeros((n_train, n_feat), dtype=int)
+    for c in part.clients:
+        cols = [feats.index(f) for f in c.features if f != "y"]
+        held[np.ix_(c.train_rows, cols)] += 1
+        assert set(c.test_rows) <= set(range(n_train, n_train + 10))
+    assert (held.sum(axis=1) > 0).all() and (held.sum(axis=0) > 0).all()
+    if setting != "hybrid":
+        assert (held == 1).all()
+    else:
+        rows = [set(c.train_rows) for c in part.clients]
+        assert sum(len(r) for r in rows) == n_train, "hybrid clients hold disjoint samples"
+        shared = set.intersection(*(set(c.features) for c in part.clients)) - {"y"}
+        assert shared, "at least one feature on every client"

@@ -138,7 +138,7 @@ def test_image_vertical_patches_and_pixel_levels(tmp_path):
     assert all(len(p) == 9 for p in pixels) and len(set().union(*pixels)) == 36
     assert "px_0_0" in pixels[0] and "px_2_2" in pixels[0], "client 0 has the top-left 3x3"
     assert np.array_equal(test.x[:, :36], images.x[test.ids]), "ids are table rows here"
-    assert m.raw["image"] == {"shape": [6, 6], "levels": 16, "file_scale": 1.0}
+    assert m.raw["image"] == {"shape": [6, 6], "levels": 16, "range": [0, 15], "file_scale": 1.0}
     assert m.preprocessing["standardize"] is False
     x = shards[1].x_train
     assert np.all(x == np.round(x)) and x.max() <= 15, "un-standardized integer levels"
@@ -247,3 +247,27 @@ def test_in_memory_api_matches_the_files(tmp_path):
     m = S.load_manifest(tmp_path / "out")
     assert m.raw["n_train"] + m.raw["n_test"] == 569
     assert m.raw["n_test"] == round(0.2 * 569)
+
+
+def test_nan_only_where_missing_and_counted_in_the_manifest(tmp_path):
+    table = make_table(own_test=True)
+    # codes kept: with --encode target a missing category gets its own encoded value
+    S.write_shards(_prep(table, impute=False, encode="none"), tmp_path / "out")
+    m, shards, test = _read_all(tmp_path / "out")
+    counted = m.preprocessing["missing"]
+    assert set(counted) == {"real_a", "cat_b"}, "only the columns that have missing values"
+    for name in m.feature_order:
+        col = m.feature_order.index(name)
+        in_train = sum(int(np.isnan(c.x_train[:, c.features.index(name)]).sum())
+                       for c in shards)
+        expected = counted.get(name, {"train": 0, "test": 0})
+        assert in_train == expected["train"]
+        assert int(np.isnan(test.x[:, col]).sum()) == expected["test"]
+    assert counted["real_a"]["train"] > 0
+
+
+def test_hybrid_label_on_one_client(tmp_path):
+    S.write_shards(_prep(setting="hybrid", clients=2, label_owner=1), tmp_path / "out")
+    m, shards, _ = _read_all(tmp_path / "out")
+    assert ["label" in c.features for c in shards] == [False, True]
+    assert m.label_owner == 1

@@ -18,11 +18,11 @@ def test_uci_style_files_share_one_category_coding():
                 strip_suffix=".")
     out = parser.finish()
     assert out.n_rows == 3
-    assert np.array_equal(out.values["age"], [39.0, 50.0, 25.0])
+    assert np.array_equal(out.column("age"), [39.0, 50.0, 25.0])
     assert out.categories["job"] == ["alpha", "zeta"], "codes follow sorted labels"
-    assert np.array_equal(out.values["job"], [1.0, np.nan, 0.0], equal_nan=True)
+    assert np.array_equal(out.column("job"), [1.0, np.nan, 0.0], equal_nan=True)
     assert out.classes == ["<=50K", ">50K"] and out.y.tolist() == [0, 1, 1]
-    assert "id" not in out.values
+    assert out.names == ["age", "job", "income"]
 
 
 def test_integer_labels_sort_numerically():
@@ -50,4 +50,4 @@ def test_header_line_is_skipped():
     parser = DelimitedParser([ColumnSpec("a", "real"), ColumnSpec("b", "real")])
     parser.feed(["a,b", "1,2", "3,NA"], "h.csv", header=True)
     out = parser.finish()
-    assert np.array_equal(out.values["b"], [2.0, np.nan], equal_nan=True)
+    assert np.array_equal(out.column("b"), [2.0, np.nan], equal_nan=True)

@@ -64,3 +64,16 @@ def test_empty_table_writes_header_only():
                                            "header_bytes", "total_bytes", "n_mpi_messages", "t_send", "t_recv",
                                            "latency_s"))]
     assert np.all(led.sent == 0)
+
+
+def test_local_write_csv_and_summary(tmp_path):
+    led = CommLedger(rank=2, size=3)
+    led.set_phase("p1")
+    led.record(K1.kind_id, 0, 80, 40, 1, 1.0, 1.5)
+    led.record(K1.kind_id, 1, 20, 40, 1, 1.0, 1.6)
+    path = led.write_csv(tmp_path / "l.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert [(r["phase"], r["src"], r["dst"], r["total_bytes"]) for r in rows] == [("p1", "0", "2", "120"),
+                                                                                   ("p1", "1", "2", "60")]
+    assert led.summary().per_phase == [{"phase": "p1", "messages": 2, "payload_bytes": 100, "header_bytes": 80,
+                                        "total_bytes": 180}]

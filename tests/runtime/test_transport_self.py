@@ -88,3 +88,53 @@ def test_try_recv_and_recv_any():
     src, kind, value = tr.recv_any_kind([OBJ, ARR], sources=[0])
     assert (src, kind.name, value.tolist()) == (0, "test.self.array", [0.0])
     tr.flush()
+
+
+def test_send_hooks_see_every_send_path_and_instance_isend_wrappers_still_apply():
+    tr = make_transport()
+    seen = []
+    tr.send_hooks.append(lambda kind, dest, arr, is_pickle: seen.append((kind.name, dest, arr.nbytes, is_pickle)))
+    tr.send(np.zeros(2), 0, ARR)                 # to self: the isend path
+    tr.send_obj("x", 0, OBJ)
+    p = tr.isend(np.zeros(5000), 0, ARR)        # non-blocking, chunk path
+    for _ in range(3):
+        tr.recv_any_kind([ARR, OBJ])
+    p.wait()
+    assert [(n, d, p_) for n, d, _, p_ in seen] == [("test.self.array", 0, False), ("test.self.object", 0, True),
+                                                  ("test.self.array", 0, False)]
+    assert seen[0][2] == 16 and seen[2][2] == 40000
+    wrapped = []
+    orig = tr.isend
+    tr.isend = lambda x, dest, kind: (wrapped.append(dest), orig(x, dest, kind))[1]
+    tr.send(np.ones(1), 0, ARR)
+    assert wrapped == [0] and tr.recv(0, ARR).tolist() == [1.0]
+    tr.flush()
+
+
+def test_recv_into_out_and_mismatched_out_is_refused():
+    tr = make_transport(inline_max=64)
+    out = np.empty((4, 5), np.float32)
+    src = np.arange(20, dtype=np.float32).reshape(4, 5)
+    p = tr.isend(src, 0, ARR)
+    got = tr.recv(0, ARR, out=out)
+    p.wait()
+    assert got is out and np.array_equal(out, src)
+    p = tr.isend(np.arange(3.0), 0, ARR)
+    with pytest.raises(ValueError, match=r"float64\[3\]; out= is float32\[4, 5\]"):
+        tr.recv(0, ARR, out=out)
+    p.wait()
+
+
+def test_large_receives_recycle_buffers_without_aliasing():
+    tr = make_transport()
+    arrays = []
+    for i in range(3):
+        p = tr.isend(np.full(1 << 18, i, dtype=np.float64), 0, ARR)  # 2 MiB each
+        arrays.append(tr.recv(0, ARR))
+        p.wait()
+    assert [float(a[0]) for a in arrays] == [0.0, 1.0, 2.0]  # all held: no reuse, no aliasing
+    del arrays
+    p = tr.isend(np.full(1 << 18, 7.0), 0, ARR)
+    again = tr.recv(0, ARR)
+    p.wait()
+    assert tr.pool.reused >= 1 and float(again.sum()) == 7.0 * (1 << 18)

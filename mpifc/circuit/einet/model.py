@@ -12,7 +12,7 @@ differentiates the summed log-likelihood w.r.t. detached copies (EM statistics =
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -253,16 +253,15 @@ class EiNet:
         """
         values = leaf_values
         parts_out = []
-        for layer, mix, w, v in zip(self.einsum_layers, self.mixing_layers, einsum_w, mixing_w):
+        last = len(self.einsum_layers) - 1
+        for i, (layer, mix, w, v) in enumerate(zip(self.einsum_layers, self.mixing_layers, einsum_w, mixing_w)):
             parts = layer.forward(values, w)
             region = mix.forward(parts, v)
             if keep:
                 parts_out.append(parts)
-            if layer.k_out == 1:
-                root = region[:, 0, 0]
-            else:
+            if i < last:
                 values = torch.cat([values, region], 1)
-        return root, {"values": values, "parts": parts_out}
+        return region[:, 0, 0], {"values": values, "parts": parts_out}
 
     def log_likelihood(self, x: ArrayLike) -> torch.Tensor:
         """``log p(x)`` per row, ``(batch,)`` float64 nats; NaN entries are marginalised."""
@@ -436,6 +435,23 @@ class EiNet:
         gen = torch.Generator().manual_seed(int(rng.integers(2 ** 63 - 1)))
         out = [self._backtrack(c, gen) for c in torch.split(xt, self.config.eval_batch_size)]
         return torch.cat(out).to("cpu", torch.float64).numpy() if out else np.zeros((0, len(self.scope)))
+
+    def with_leaf(self, leaf: str, num_levels: int | None = None) -> "EiNet":
+        """A copy whose Gaussian leaves are swapped for ``leaf`` with the same mean and variance.
+
+        Used to score a model trained on ``v / (L-1)`` pixel values with continuous Gaussians as a
+        true discrete distribution over the ``L`` levels (``discretized_gaussian``), as in
+        appendix E.2 of the FC paper.
+        """
+        gaussians = ("gaussian", "discretized_gaussian")
+        if self.config.leaf not in gaussians or leaf not in gaussians:
+            raise UserError(f"leaf: can only swap between {gaussians}, not {self.config.leaf!r} -> {leaf!r}")
+        config = replace(self.config, leaf=leaf, num_levels=num_levels or self.config.num_levels)
+        out = EiNet(self.graph, config, scope=self.scope, _initialize=False)
+        out.leaf.params = {k: v.clone() for k, v in self.leaf.params.items()}
+        out.einsum_weights = [w.clone() for w in self.einsum_weights]
+        out.mixing_weights = [v.clone() for v in self.mixing_weights]
+        return out
 
     # ----------------------------------------------------------------------------- persistence
     def save(self, group: Any) -> None:

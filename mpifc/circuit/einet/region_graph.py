@@ -72,12 +72,16 @@ class RegionGraph:
 
 
 def _cut_positions(length: int, pieces: Sequence[int], field: str) -> list[int]:
-    """Grid lines ``0 < c < length`` for ``pieces`` equal parts each (rounded), plus both ends."""
+    """Grid lines ``0 < c < length`` for ``pieces`` equal parts each (rounded), plus both ends.
+
+    An axis shorter than ``pieces`` is cut at every pixel (one list serves both axes).
+    """
     cuts = {0, length}
     for p in pieces:
         p = int(p)
-        if p < 1 or p > length:
-            raise UserError(f"{field}: {p} pieces do not fit an axis of length {length}")
+        if p < 1:
+            raise UserError(f"{field}: number of pieces must be >= 1, got {p}")
+        p = min(p, length)
         cuts.update(int(round(i * length / p)) for i in range(1, p))
     return sorted(cuts)
 

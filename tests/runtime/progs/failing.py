@@ -56,7 +56,8 @@ if __name__ == "__main__":
     elif mode == "cli":
         from mpifc import cli
 
-        cli.HANDLERS["train"] = "tests.runtime.progs.failing:train_main"
+        cli.COMMANDS["train"] = cli.Command("test", "tests.runtime.progs.failing:train_main",
+                                            "mpifc.cli:add_train_arguments")
         # Exactly what the generated `mpifc` console script runs.
         sys.argv = ["mpifc", "train", "--seed", str(bad)]
         sys.exit(cli.main())

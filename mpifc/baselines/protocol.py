@@ -1,0 +1,52 @@
+"""Message kinds of the FedAvg and SplitNN baselines, and their payload classes.
+
+SplitNN's very method is to send cut-layer activations up and their gradients down, so those
+travel under payload classes of their own, ``activation`` and ``gradient``, and not disguised
+as FC classes. The runtime's :data:`~mpifc.runtime.kinds.PAYLOAD_CLASSES` does not list them
+(yet), so :func:`declare_payload_classes` appends them before the kinds are registered; once
+the runtime lists them itself it does nothing.
+"""
+from __future__ import annotations
+
+from mpifc.runtime import kinds as _kinds
+from mpifc.runtime.kinds import register_kind
+
+BASELINE_PAYLOAD_CLASSES: tuple[str, ...] = (
+    "activation",  # per-sample cut-layer activations or logits (SplitNN forward)
+    "gradient",    # per-sample gradients of the loss w.r.t. those activations (SplitNN backward)
+)
+
+
+def declare_payload_classes() -> None:
+    """Make sure the runtime accepts :data:`BASELINE_PAYLOAD_CLASSES` (idempotent)."""
+    missing = tuple(c for c in BASELINE_PAYLOAD_CLASSES if c not in _kinds.PAYLOAD_CLASSES)
+    if missing:
+        _kinds.PAYLOAD_CLASSES = _kinds.PAYLOAD_CLASSES + missing
+
+
+declare_payload_classes()
+
+# -- FedAvg ----------------------------------------------------------------------------------------
+FEDAVG_DECLARE = register_kind("fedavg.declare", "feature_declaration",
+                               "client -> server: feature names and training-row count n_k")
+FEDAVG_GLOBAL = register_kind("fedavg.global", "model_parameters",
+                              "server -> client: global MLP parameters, flat (M,) float")
+FEDAVG_LOCAL = register_kind("fedavg.local", "model_parameters",
+                             "client -> server: locally trained MLP parameters, flat (M,) float")
+FEDAVG_DONE = register_kind("fedavg.done", "control", "server -> client: training finished")
+
+# -- SplitNN ---------------------------------------------------------------------------------------
+SPLIT_DECLARE = register_kind("splitnn.declare", "feature_declaration",
+                              "client -> server: feature count, row counts, ids digests, label flag")
+SPLIT_PLAN = register_kind("splitnn.plan", "control", "server -> client: cut width, epochs, batch, seed")
+SPLIT_ACT = register_kind("splitnn.activation", "activation",
+                          "client -> server: cut-layer activations of one batch, (B, F) float")
+SPLIT_GRAD = register_kind("splitnn.gradient", "gradient",
+                           "server -> client: loss gradient w.r.t. that client's activations, (B, F)")
+SPLIT_LOGITS = register_kind("splitnn.logits", "activation",
+                             "server -> label owner: top-network logits of one batch, (B, k) float")
+SPLIT_LOGIT_GRAD = register_kind("splitnn.logit_grad", "gradient",
+                                 "label owner -> server: loss gradient w.r.t. the logits, (B, k) float")
+SPLIT_SCORES = register_kind("splitnn.scores", "control",
+                             "label owner -> server: test accuracy and F1 (two floats)")
+SPLIT_DONE = register_kind("splitnn.done", "control", "server -> client: training finished")

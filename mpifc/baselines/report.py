@@ -1,0 +1,71 @@
+"""What every baseline job reports: bytes and messages from the gathered ledger, per phase and per
+payload class, plus the command-line options the baselines share."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+from mpifc.runtime.kinds import kind_by_id
+
+
+def ledger_totals(table: Any) -> dict[str, Any]:
+    """Byte and message totals of a gathered :class:`~mpifc.runtime.ledger.LedgerTable`.
+
+    Returns:
+        ``{"bytes_total", "payload_bytes_total", "messages_total", "phases": {phase: {...}},
+        "payload_classes": {class: {...}}, "kinds": {kind: {...}}}`` where each inner dict has
+        ``messages``, ``payload_bytes``, ``header_bytes`` and ``bytes`` (payload + header), bytes.
+        The runtime's own ``teardown`` phase (end-of-job bookkeeping) is left out.
+    """
+    rows = table.rows
+    phases = np.asarray(table.phases, dtype=object)[rows["phase"]] if len(rows) else np.zeros(0, object)
+    keep = phases != "teardown"
+    rows, phases = rows[keep], phases[keep]
+
+    def add(acc: dict[str, dict[str, int]], key: str, pb: int, hb: int) -> None:
+        d = acc.setdefault(key, {"messages": 0, "payload_bytes": 0, "header_bytes": 0, "bytes": 0})
+        d["messages"] += 1
+        d["payload_bytes"] += pb
+        d["header_bytes"] += hb
+        d["bytes"] += pb + hb
+
+    by_phase: dict[str, dict[str, int]] = {}
+    by_class: dict[str, dict[str, int]] = {}
+    by_kind: dict[str, dict[str, int]] = {}
+    for ph, kid, pb, hb in zip(phases.tolist(), rows["kind"].tolist(), rows["payload_bytes"].tolist(),
+                               rows["header_bytes"].tolist()):
+        k = kind_by_id(kid)
+        add(by_phase, ph, pb, hb)
+        add(by_class, k.payload, pb, hb)
+        add(by_kind, k.name, pb, hb)
+    return {"bytes_total": int(rows["payload_bytes"].sum() + rows["header_bytes"].sum()),
+            "payload_bytes_total": int(rows["payload_bytes"].sum()),
+            "messages_total": int(len(rows)),
+            "phases": by_phase, "payload_classes": by_class, "kinds": by_kind}
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """Options every baseline job takes."""
+    p.add_argument("dir", help="shard directory written by data_prep")
+    p.add_argument("--seed", type=int, default=0, help="model initialisation and shuffling seed")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD step size")
+    p.add_argument("--batch-size", type=int, default=32, help="rows per SGD step (0 = full batch)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="parameter and activation dtype (sets the itemsize on the wire)")
+    p.add_argument("--ledger", default=None, help="per-message ledger CSV (written by rank 0)")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line on rank 0")
+
+
+def print_result(result: dict[str, Any], as_json: bool) -> None:
+    """One JSON line, or a short human-readable block."""
+    if as_json:
+        print(json.dumps(result), flush=True)
+        return
+    keys = ("method", "accuracy", "f1", "bytes_train", "messages_train", "bytes_total", "wall_seconds")
+    for k in keys:
+        if k in result:
+            print(f"{k:>16}: {result[k]}", flush=True)
