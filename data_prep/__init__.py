@@ -2,7 +2,8 @@
 
 Modules, in the order data flows through them:
 
-* ``datasets`` (+ ``textparse``, ``usercsv``): loaders -> :class:`table.RawTable`;
+* ``datasets``: the registry of loaders (``tabular``, ``images``, ``usercsv``; they use
+  ``files`` and ``textparse``), each giving a :class:`table.RawTable`;
 * ``preprocess``: target encoding, imputation, standardization, fitted on train rows only;
 * ``partition`` (+ ``segments``): pure functions giving each client its rows and features;
 * ``prepare``: the pipeline, ``prepare(...) -> PreparedData``;

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from mpifc.errors import UserError
 
-from .datasets import DATASETS, default_data_root
+from .datasets import DATASETS
+from .files import default_data_root
 from .partition import SETTINGS, SPLITS
 from .preprocess import ENCODINGS
 from .prepare import PrepConfig, prepare

@@ -192,6 +192,9 @@ def _fit_target_encoding(table: RawTable, train_rows: np.ndarray, cat_idx: list[
                         f"({'none' if table.y is None else len(table.classes)} classes); "
                         "use --encode none")
     y = table.y[train_rows]
+    if np.unique(y).size < 2:
+        raise UserError(f"{table.name}: --encode target needs both classes among the training "
+                        "rows (raise --max-rows, or use --encode none)")
     for j in cat_idx:
         # one column per fit: the encodings are per feature anyway, and sklearn's working
         # copies then stay one column wide

@@ -22,8 +22,10 @@ A shard directory ``DIR`` holds::
                        "n_fit_rows", "columns": {name: {"meta_type", "raw_meta_type",
                        "encoding"?, "encoding_missing"?, "impute"?, "mean"?, "std"?}},
                        "missing": {name: {"train": count, "test": count}}},
-     "partition": {...how rows and features were drawn...},
-     "source": {"files": [...], "splits": {"train": [lo, hi), ...}},
+     "partition": {those that apply: "class_owners", "dirichlet_proportions",
+                   "segments", "shared_features", "patches", "overlap"},
+     "n_train": total train rows, "n_test": total test rows,
+     "source": {"files": [...], "splits": {"train": [lo, hi), ...}}  (id ranges),
      "image": {"shape": [h, w], "levels": L, "range": [0, L - 1], "file_scale": s}
               (images only),
      "config": {...every prepare() argument...}}
@@ -31,7 +33,9 @@ A shard directory ``DIR`` holds::
 ``client-<i>.h5``: datasets ``train/x`` float64 ``(n_train, d_i)`` (NaN = missing, only when
 imputation is off), ``train/ids`` int64 ``(n_train,)`` global sample ids, ascending (vertical
 clients hold the same ids in the same order), ``test/x`` float64 ``(n_test, d_i)`` (the
-client's held-out rows, its own features only), ``test/ids`` int64 ``(n_test,)``; attributes
+client's held-out rows, its own features only: all test rows for vertical clients, and in
+horizontal and hybrid settings the test rows drawn by the same rule as its train rows, so a
+label-split client's test rows hold its classes), ``test/ids`` int64 ``(n_test,)``; attributes
 ``features`` and ``meta_types`` (JSON lists), ``client_index`` and ``format``.
 
 ``test.h5``: ``x`` float64 ``(n, D)`` over ``feature_order`` and ``ids`` int64 ``(n,)``.

@@ -121,14 +121,31 @@ class DelimitedParser:
 
         Raises:
             UserError: on a line with the wrong number of fields, a non-number in a numeric
-                column, a non-finite number, or a missing target label; or a file without rows.
+                column, a non-finite number, or a missing target label; on text that is not
+                UTF-8 or a file without rows. A parser that raised is spent.
         """
+        reader = csv.reader(lines, delimiter=self.delimiter, skipinitialspace=True)
+        try:
+            n_rows = self._feed_rows(reader, path, skip_prefix, strip_suffix, header)
+        except UnicodeDecodeError:
+            # decoding runs ahead of parsing by a buffer, so the line is approximate
+            raise UserError(f"{path}: not UTF-8 text (near line {reader.line_num + 1})") from None
+        except csv.Error as exc:
+            raise UserError(f"{path} line {reader.line_num}: {exc}") from None
+        except (OSError, EOFError) as exc:  # e.g. a truncated .gz
+            raise UserError(f"{path}: cannot read ({exc})") from None
+        if n_rows == 0:
+            raise UserError(f"{path}: no data rows")
+        self.n_rows += n_rows
+        return n_rows
+
+    def _feed_rows(self, reader, path: str, skip_prefix: str | None, strip_suffix: str,
+                   header: bool) -> int:
         columns, missing, seen_of = self.columns, self.missing, self._seen
         append = self._store.append
         kept = [(j, seen_of.get(j)) for j in self._kept]
         n_fields = len(columns)
         target_col = self._target
-        reader = csv.reader(lines, delimiter=self.delimiter, skipinitialspace=True)
         header_pending = header
         n_rows = 0
         nan = math.nan
@@ -172,9 +189,6 @@ class DelimitedParser:
                                     f"{columns[j].name!r}: {tok!r} is not finite")
                 append(value)
             n_rows += 1
-        if n_rows == 0:
-            raise UserError(f"{path}: no data rows")
-        self.n_rows += n_rows
         return n_rows
 
     def finish(self) -> ParsedColumns:

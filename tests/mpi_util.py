@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,5 +38,31 @@ def run_mpi(n: int, args: list[str], timeout: float = 120.0, cwd: str | Path | N
     if env:
         full_env.update(env)
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          cwd=str(cwd or REPO), env=full_env)
+    # A session of its own, so a timeout can end mpiexec *and* its proxies and ranks: killing
+    # mpiexec alone would leave orphaned ranks spinning on a shared machine.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(cwd or REPO), env=full_env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the job's process group, then SIGKILL what is left after 2 s."""
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

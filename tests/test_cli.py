@@ -108,3 +108,14 @@ def test_a_plugged_in_command_takes_required_flags_from_the_file(tmp_path, monke
     with pytest.raises(SystemExit) as e:  # without the file the flag is still required
         parse_args(["train", "--epochs", "2"])
     assert e.value.code == 2
+
+
+@pytest.mark.mpi
+def test_bad_config_under_mpiexec_is_reported_once(tmp_path):
+    from tests.mpi_util import run_mpi
+
+    cfg = write(tmp_path, "dedline = 3\n")
+    r = run_mpi(3, ["-m", "mpifc", "info", "--config", str(cfg)], timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"mpifc: rank 0: UserError: config file {cfg}: key dedline: unknown key (not a flag of any subcommand)"]

@@ -58,10 +58,10 @@ def run_central(directory: str, model: str = "hgb", seed: int = 0, hidden: Seque
     test = test_xy(m)
     cols = [test.features.index(f) for f in train.features]
     x_test = test.x[:, cols]
-    t0 = time.perf_counter()
     if model == "hgb":
         from sklearn.ensemble import HistGradientBoostingClassifier
 
+        t0 = time.perf_counter()
         clf = HistGradientBoostingClassifier(random_state=seed).fit(train.x, train.y)
         y_pred = clf.predict(x_test).astype(np.int64)
     elif model == "mlp":
@@ -69,6 +69,7 @@ def run_central(directory: str, model: str = "hgb", seed: int = 0, hidden: Seque
 
         from mpifc.baselines.mlp import predict
 
+        t0 = time.perf_counter()
         net = train_mlp(train.x, train.y, n_classes(m), hidden, epochs, batch_size, lr, seed)
         y_pred = predict(net, torch.from_numpy(np.nan_to_num(x_test)).to(torch.float32))
     else:

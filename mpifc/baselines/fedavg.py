@@ -125,9 +125,11 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
     from data_prep.shards import load_manifest
     from mpifc.baselines import protocol as P
     from mpifc.baselines.data import client_xy, n_classes, scores, test_xy
-    from mpifc.baselines.mlp import get_flat, make_mlp, n_parameters, predict, set_flat, sgd_epochs, torch_dtype
+    from mpifc.baselines.mlp import (get_flat, limit_threads, make_mlp, n_parameters, predict, set_flat,
+                                     sgd_epochs, torch_dtype)
 
     cfg.check()
+    limit_threads(ctx.local_size)
     m = load_manifest(cfg.dir)
     k = n_classes(m)
     ranks = client_ranks(m.n_clients)

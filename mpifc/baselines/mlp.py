@@ -29,6 +29,19 @@ def torch_dtype(name: str) -> torch.dtype:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, not {name!r}") from None
 
 
+def limit_threads(ranks_on_node: int) -> None:
+    """Give each rank its share of the node's cores for torch, unless OMP_NUM_THREADS says.
+
+    These MLPs are small: ranks that each spawn a full thread pool only fight over the cores
+    (on a loaded 2-core machine, SGD ran 50x slower that way).
+    """
+    import os
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ranks_on_node)))
+
+
 def parse_hidden(text: str | Sequence[int]) -> tuple[int, ...]:
     """``"64,32"`` -> ``(64, 32)``; an empty string means no hidden layer."""
     if not isinstance(text, str):

@@ -160,7 +160,7 @@ def _client(ctx: Any, cfg: SplitNNConfig, manifest: Any, c: int) -> None:
     from torch import nn
 
     from mpifc.baselines import protocol as P
-    from mpifc.baselines.data import client_xy, n_classes, scores
+    from mpifc.baselines.data import client_xy, scores
     from mpifc.baselines.mlp import batch_indices, get_flat, make_mlp, torch_dtype
 
     t = ctx.transport
@@ -265,8 +265,10 @@ def splitnn_rank(ctx: Any, cfg: SplitNNConfig) -> dict[str, Any] | None:
     """This rank's part of a SplitNN run; returns the result dict on rank 0, else ``None``."""
     from data_prep.shards import load_manifest
     from mpifc.baselines.fedavg import client_ranks
+    from mpifc.baselines.mlp import limit_threads
 
     cfg.check()
+    limit_threads(ctx.local_size)
     m = load_manifest(cfg.dir)
     ranks = client_ranks(m.n_clients)
     index_of = {r: c for c, r in ranks.items()}

@@ -32,6 +32,7 @@ from mpifc.circuit.splitting import (
     split_columns_gtest,
     split_columns_rdc,
     split_rows,
+    single_native_thread,
 )
 from mpifc.errors import UserError
 
@@ -222,7 +223,15 @@ def _constant_columns(block: np.ndarray, meta: Sequence[str]) -> np.ndarray:
 def learn_structure(data: Any, meta_types: Sequence[str], params: LearnSPNParams) -> Node:
     """Run LearnSPN and return the (collapsed, validated) root node; see :func:`learn_spn`."""
     x, info = _check_inputs(data, meta_types, params)
-    p = params
+    with single_native_thread():
+        root = _grow(x, info, params)
+    root = collapse(root)
+    validate(root)
+    return root
+
+
+def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
+    """The work-queue loop; returns the uncollapsed root."""
     rng = np.random.default_rng(p.seed)
     make_leaf = _LeafMaker(x, info, p)
     categorical = np.array([m == "categorical" for m in info.meta])
@@ -286,9 +295,7 @@ def learn_structure(data: Any, meta_types: Sequence[str], params: LearnSPNParams
             sub = rows[labels == c]
             queue.append(_Slice(sub, cols, _weighted_attach(sums, len(sub) / len(rows))))
 
-    root = collapse(holder[0])
-    validate(root)
-    return root
+    return holder[0]
 
 
 def _weighted_attach(parent: SumNode, weight: float) -> Any:

@@ -256,7 +256,7 @@ class RatSPN:
             out = out.permute(2, 0, 1).reshape(B, R, Gn, I)
             return torch.nan_to_num(out, nan=LOG_ZERO, neginf=LOG_ZERO).clamp_min(LOG_ZERO)
         xg = self._grouped(x)
-        xs = xg[..., None].expand(B, R, Gn, S, I).reshape(B, -1)
+        xs = xg[..., None].expand(B, R, Gn, S, I).reshape(B, R * Gn * S * I)
         if max_mode:
             mode = self.leaf_cls.batch_mode(self.P).to(self.dtype)
             real = self.real[..., None].expand(R, Gn, S, I).reshape(-1)
@@ -298,7 +298,7 @@ class RatSPN:
             else:
                 t = self._sum(p, W)
         top = t[:, :, 0, :] + torch.log(self.root_weights).clamp_min(LOG_ZERO)[None]  # (B, R, C)
-        flat = top.reshape(top.shape[0], -1)
+        flat = top.reshape(top.shape[0], top.shape[1] * top.shape[2])
         root = flat.amax(1) if max_mode else torch.logsumexp(flat, 1)
         return root, prods, ins
 
@@ -333,7 +333,7 @@ class RatSPN:
             top = (p[:, :, None, :] + torch.log(lastW[:, 0]).clamp_min(LOG_ZERO)[None]).amax(-1)
         else:
             top = self._sum(prods[-1], lastW)[:, :, 0, :]
-        rc = pick((top + torch.log(self.root_weights).clamp_min(LOG_ZERO)[None]).reshape(B, -1))
+        rc = pick((top + torch.log(self.root_weights).clamp_min(LOG_ZERO)[None]).reshape(B, top.shape[1] * Kn))
         rep, ch = rc // Kn, rc % Kn
         bidx = torch.arange(B)
         chan = ch[:, None]  # chosen sum channel per region of the current level, (B, F)
@@ -347,7 +347,7 @@ class RatSPN:
                 l, r = k // Kc, k % Kc
             else:
                 l, r = k, k
-            chan = torch.stack([l, r], 2).reshape(B, -1)  # children 2f, 2f+1
+            chan = torch.stack([l, r], 2).reshape(B, 2 * k.shape[1])  # children 2f, 2f+1
         return rep, chan
 
     def _fill(self, x: torch.Tensor, rep: torch.Tensor, chan: torch.Tensor, values: torch.Tensor | None) -> np.ndarray:
@@ -452,8 +452,8 @@ class RatSPN:
             c2 = S2 - 2 * m * S1 + m * m * N
             return {"N": N.reshape(-1), "S1": c1.reshape(-1), "S2": c2.clamp_min(0).reshape(-1)}
         xg = self._grouped(x)
-        xs = xg[..., None].expand(B, R, Gn, S, I).reshape(B, -1)
-        w = flow[:, :, :, None, :].expand(B, R, Gn, S, I).reshape(B, -1)
+        xs = xg[..., None].expand(B, R, Gn, S, I).reshape(B, R * Gn * S * I)
+        w = flow[:, :, :, None, :].expand(B, R, Gn, S, I).reshape(B, R * Gn * S * I)
         return self.leaf_cls.batch_em_stats(self.P, xs, w)
 
     @torch.no_grad()

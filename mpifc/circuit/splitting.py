@@ -7,7 +7,7 @@ structure learner in :mod:`mpifc.circuit.learnspn` owns all bookkeeping.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -79,6 +79,15 @@ def _thread_pools() -> ThreadpoolController:
     return _CONTROLLER[0]
 
 
+def single_native_thread() -> Any:
+    """Context manager limiting BLAS/OpenMP pools to one thread.
+
+    LearnSPN makes thousands of small BLAS/OpenMP calls; their thread start-up and, on a shared
+    machine, oversubscription cost more than the arithmetic.
+    """
+    return _thread_pools().limit(limits=1)
+
+
 def split_rows(
     features: np.ndarray,
     method: str,
@@ -103,7 +112,7 @@ def split_rows(
     k = n_clusters if n > 4 * n_clusters else min(n_clusters, len(np.unique(features, axis=0)))
     # One thread: on small slices OpenMP start-up and oversubscription cost more than Lloyd's
     # iterations themselves (measured ~15x slower with the default pool on a busy 2-core box).
-    with _thread_pools().limit(limits=1):
+    with single_native_thread():
         if method == "kmeans":
             labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(features)
         else:

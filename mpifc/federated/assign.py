@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from mpifc.errors import UserError
-from mpifc.federated.structure import LEAF, SUM, FederatedCircuit
+from mpifc.federated.structure import AVERAGE, LEAF, SUM, FederatedCircuit
 
 ASSIGN_STRATEGIES = ("flat", "tree")
 
@@ -48,6 +48,9 @@ def assign_tree(fc: FederatedCircuit, servers: Sequence[int], root_rank: int = 0
     root = fc.nodes[fc.root]
     if root.op == LEAF:
         return fc
+    if root.op == AVERAGE:
+        raise UserError("--assign tree is not supported for FC[DT] (an average of averages over "
+                        "unequal groups is not the average); use --assign flat")
     children = list(root.children)
     blocks = np.array_split(np.arange(len(children)), min(len(servers), len(children)))
     block_of: dict[int, int] = {}

@@ -91,8 +91,9 @@ def _fit_einet(x: np.ndarray, meta_types: list[str], seed: int,
 
 def _fit_dt(x: np.ndarray, meta_types: list[str], seed: int,
             n_categories: Sequence[int] | None = None, **hp: Any) -> Any:
-    raise UserError("learner 'dt' is a classifier, not a density: use the FC[DT] builder "
-                    "(mpifc.federated.fcdt), not a FedPC leaf")
+    from mpifc.federated.fcdt import fit_tree_learner
+
+    return fit_tree_learner(x, meta_types, seed, n_categories=n_categories, **hp)
 
 
 register_learner("factorized", _fit_factorized)

@@ -39,6 +39,7 @@ import numpy as np
 
 from mpifc.errors import UserError
 from mpifc.federated.structure import (
+    AVERAGE,
     PRODUCT,
     SUM,
     ClientInfo,
@@ -123,6 +124,7 @@ class FederationPlan:
     target: str | None = None
     setting: str = ""
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    kind: str = "fedpc"  # "fedpc" (Algorithm 1) or "fcdt" (trees averaged at the root)
 
     def tasks_for(self, client: int) -> list[LeafTask]:
         return [t for t in self.tasks if t.client == client]
@@ -227,7 +229,8 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         meta = [plan.meta_types[f] for f in t.features]
         ks = [plan.n_categories.get(f, 0) for f in t.features]
         if t.n_clusters == 0:
-            model = fit(t.learner, xs, meta, t.seed, n_categories=ks, **hp)
+            extra = {"target_index": t.features.index(plan.target)} if plan.kind == "fcdt" else {}
+            model = fit(t.learner, xs, meta, t.seed, n_categories=ks, **hp, **extra)
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
         labels = cluster_rows(xs, t.n_clusters, t.seed)
@@ -328,6 +331,8 @@ class OnePassBuilder:
                 raise UserError("glue 'cooccurrence' needs vertical or hybrid data (aligned sample ids); "
                                 "the data is horizontal")
             self._check_aligned([by_index[s.owners[0]] for s in single], "glue 'cooccurrence'")
+        if self.learner == "dt" or "dt" in self.learners.values():
+            return self._plan_fcdt(decls, features, meta, cats, by_index, target, setting)
         if self.glue == "random" and single:
             if self.n_products < self.n_clusters:
                 raise UserError(f"--products {self.n_products} < --clusters {self.n_clusters}: every "
@@ -340,6 +345,24 @@ class OnePassBuilder:
                 tasks.append(LeafTask(c, s.index, s.features, k, derive_seed(self.seed, c, s.index), learner))
         return FederationPlan(features, meta, cats, subs, tasks, by_index, self.glue, self.n_clusters,
                               self.n_products, self.seed, target, setting, dict(self.hyperparameters))
+
+    def _plan_fcdt(self, decls: list[ClientDeclaration], features: tuple[str, ...], meta: dict[str, str],
+                   cats: dict[str, int], by_index: dict[int, ClientDeclaration], target: str | None,
+                   setting: str) -> FederationPlan:
+        """FC[DT]: one tree per client over all its features, averaged at the root."""
+        if target is None:
+            raise UserError("FC[DT] (learner 'dt') needs a target feature; the manifest names none")
+        for d in decls:
+            if target not in d.features:
+                raise UserError(f"FC[DT]: client {d.index} does not hold the target {target!r}; "
+                                f"every client must hold it to train its tree")
+            learner = self.learners.get(d.index, self.learner)
+            if learner != "dt":
+                raise UserError(f"FC[DT]: client {d.index} uses learner {learner!r}; all clients must use 'dt'")
+        tasks = [LeafTask(d.index, -1, tuple(f for f in features if f in d.features), 0,
+                          derive_seed(self.seed, d.index), "dt") for d in sorted(decls, key=lambda d: d.index)]
+        return FederationPlan(features, meta, cats, [], tasks, by_index, self.glue, self.n_clusters,
+                              self.n_products, self.seed, target, setting, dict(self.hyperparameters), "fcdt")
 
     @staticmethod
     def _check_aligned(decls: list[ClientDeclaration], why: str) -> None:
@@ -382,6 +405,12 @@ class OnePassBuilder:
                                            r.subspace, r.model), rank=ranks[c])
                 leaf_ids[(c, r.subspace, r.cluster)] = nid
                 rows[nid] = float(r.n_rows)
+
+        if plan.kind == "fcdt":
+            ids = sorted(rows)
+            fc.root = ids[0] if len(ids) == 1 else fc.add_inner(AVERAGE, ids)
+            fc.meta["kind"] = "fcdt"
+            return fc.compact()
 
         def add(op: str, children: list[int], weights: list[float] | None = None) -> int:
             # Collapse trivial nodes: a sum or product over one child is that child.

@@ -241,7 +241,9 @@ class FederatedCircuit:
                 continue
             scopes = [self.nodes[c].scope for c in n.children]
             ranks = sorted({self.nodes[c].rank for c in n.children})
-            if n.op in (SUM, AVERAGE):
+            # AVERAGE (FC[DT] bagging) averages classifiers of the target, not densities: clients
+            # may hold different features there, so it is exempt from smoothness.
+            if n.op == SUM:
                 for c, s in zip(n.children, scopes):
                     if s != n.scope:
                         raise UserError(f"sum node {nid} on rank {n.rank} is not smooth: child {c} "

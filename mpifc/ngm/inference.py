@@ -30,7 +30,7 @@ class InferenceSettings:
             synthetic chains 1.0 cut conditional-mean errors several-fold.
     """
 
-    steps: int = 50
+    steps: int = 30
     lr: float = 0.1
     consistency: float = 1.0
 

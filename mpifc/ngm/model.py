@@ -57,11 +57,15 @@ class BlockLinear(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """Assembled ``(o_old + o_new, i_old + i_new)`` weight."""
+        if self.frozen_w.shape[0] == 0 and self.frozen_w.shape[1] == 0:
+            return self.w_bottom  # a plain layer: nothing to assemble
         top = torch.cat([self.frozen_w, self.w_right], dim=1)
         return torch.cat([top, self.w_bottom], dim=0)
 
     @property
     def bias(self) -> torch.Tensor:
+        if self.frozen_b.shape[0] == 0:
+            return self.b_bottom
         return torch.cat([self.frozen_b, self.b_bottom])
 
     def frozen_mask(self) -> torch.Tensor:
@@ -121,7 +125,7 @@ class SamplerCalibration:
     order: list[int]
     affine: np.ndarray
     resid_std: np.ndarray
-    infer_steps: int = 50
+    infer_steps: int = 30
     infer_lr: float = 0.1
     infer_consistency: float = 1.0
 
@@ -320,7 +324,7 @@ class NGM:
                                for j in range(schema.n_features)]
             model.n_train = int(meta.get("n_train", 0))
             if "order" in meta:
-                steps, lr, cons = meta.get("infer", [50, 0.1, 1.0])
+                steps, lr, cons = meta.get("infer", [30, 0.1, 1.0])
                 model.calibration = SamplerCalibration(list(meta["order"]), np.asarray(arrays["affine"]).copy(),
                                                        np.asarray(arrays["resid_std"]).copy(), int(steps),
                                                        float(lr), float(cons))

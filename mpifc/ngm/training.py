@@ -93,8 +93,8 @@ def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | N
     u, t = _targets(model, x)
     pub = _targets(model, public) if public is not None else None
     gen = torch.Generator().manual_seed(int(config.seed))
-    params = [p for p in model.net.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=config.lr)
+    params = [p for p in model.net.parameters() if p.requires_grad and p.numel() > 0]
+    opt = torch.optim.Adam(params, lr=config.lr, foreach=True)
     n, bs = x.shape[0], min(config.batch_size, x.shape[0])
     # Cosine decay to zero: with a constant step, Adam keeps l1-penalised weights jittering
     # around zero instead of settling there, which leaves forbidden paths open.

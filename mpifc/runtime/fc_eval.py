@@ -12,6 +12,7 @@ log-likelihood is the entry of the true class, the prediction the arg-max.
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,7 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
         own = read_client(cfg["dir"], client_at[ctx.rank].index)
         t.send_obj({"n_test": int(own.x_test.shape[0]), "ids_digest": ids_digest(own.ids_test)}, 0, P.QUERY_DECLARE)
     ctx.ledger.set_phase("query")
+    t_start = time.perf_counter()
     roots = []
     for lo, hi in batches(n, int(cfg["batch"])):
         cols: dict[str, np.ndarray] = {}
@@ -108,7 +110,9 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if fc.nodes[fc.root].rank != 0:
         raise UserError(f"{cfg['model']}: the root is on rank {fc.nodes[fc.root].rank}, expected rank 0")
-    return _metrics(fc, np.concatenate(roots), test, query, cfg, "distributed")
+    out = _metrics(fc, np.concatenate(roots), test, query, cfg, "distributed")
+    out["query_seconds"] = time.perf_counter() - t_start
+    return out
 
 
 def evaluate_gathered(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -123,13 +127,17 @@ def evaluate_gathered(cfg: dict[str, Any]) -> dict[str, Any]:
     fc.validate(require_models=True)
     test = read_test(cfg["dir"])
     query = make_query(fc)
+    t_start = time.perf_counter()
     roots = []
     for lo, hi in batches(len(test.x), int(cfg["batch"])):
         cols = {f: test.x[lo:hi, j].copy() for j, f in enumerate(test.features)}
         if query.expand_target is not None:
             cols[query.expand_target][:] = np.nan
         roots.append(upward(fc, cols, query)[fc.root])
-    return _metrics(fc, np.concatenate(roots), test, query, cfg, "gathered")
+    seconds = time.perf_counter() - t_start
+    out = _metrics(fc, np.concatenate(roots), test, query, cfg, "gathered")
+    out["query_seconds"] = seconds
+    return out
 
 
 def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, cfg: dict[str, Any],

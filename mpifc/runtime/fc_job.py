@@ -54,6 +54,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--assign", default="flat", choices=ASSIGN_STRATEGIES, help="ψ strategy")
     p.add_argument("--servers", type=int, default=0, help="intermediate server ranks for --assign tree")
+    p.add_argument("--refine", default="none", choices=("none", "em"),
+                   help="em: exact distributed EM after one-pass training (vertical data, --assign flat)")
+    p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em")
+    p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     p.add_argument("--json", action="store_true", help="print a JSON summary on rank 0")
@@ -74,7 +78,8 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError("--assign tree needs --servers S with S >= 1")
     return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": args.glue,
             "clusters": args.clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
-            "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit}
+            "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
+            "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model}
 
 
 def _train_job(ctx: Any) -> int:

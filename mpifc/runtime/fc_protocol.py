@@ -27,6 +27,8 @@ EVIDENCE = register_kind("fc.query.evidence", "evidence",
                          "querier -> client (horizontal): query rows over the client's features")
 VALUES = register_kind("fc.query.values", "likelihood_vector",
                        "rank -> parent rank: per-sample log-values of the nodes crossing this link")
+EM_STRUCTURE = register_kind("fc.em.structure", "model_parameters",
+                             "server -> client: the assembled FC without leaf models (for exact EM)")
 FLOWS = register_kind("fc.em.flows", "flow", "parent rank -> child rank: per-sample flows of crossing nodes")
 EM_STATS = register_kind("fc.em.stats", "flow", "client -> server: summed sum-node edge flows (EM statistics)")
 

@@ -35,14 +35,15 @@ def query_payload_bytes(fc: FederatedCircuit, batch: int, query: Query = Query()
 
 
 def upward_pass(transport: Any, fc: FederatedCircuit, rank: int, cols: Columns, batch: int,
-                query: Query = Query()) -> np.ndarray | None:
+                query: Query = Query(), values: dict[int, np.ndarray] | None = None) -> np.ndarray | None:
     """Run one upward pass; returns the root's ``(batch, m)`` log-values on the root's rank.
 
     Args:
         cols: this rank's evidence ``{feature: (batch,)}`` (only leaves on this rank read it).
+        values: if given, filled with every value this rank computed or received (for EM).
     """
     edges = fc.rank_edges()
-    values: dict[int, np.ndarray] = {}
+    values = {} if values is None else values
     for (src, dst), ids in sorted(edges.items()):
         if dst != rank:
             continue
@@ -69,3 +70,39 @@ def upward_pass(transport: Any, fc: FederatedCircuit, rank: int, cols: Columns, 
         transport.send(bundle, dst, P.VALUES)
     root = fc.nodes[fc.root]
     return values[fc.root] if root.rank == rank else None
+
+
+def downward_pass(transport: Any, fc: FederatedCircuit, rank: int, values: dict[int, np.ndarray],
+                  batch: int) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """The EM flow pass, the upward pass reversed (one ``fc.em.flows`` bundle per link).
+
+    A rank receives, from each rank it sent values to, the partial flows its parents there give
+    to its nodes, adds them up, pushes its own flows down
+    (:func:`mpifc.federated.em.downward`), and sends each child rank the partial flows of that
+    rank's nodes. Payload per pass: ``8 · batch`` bytes per node crossing a link.
+
+    Returns:
+        ``(flows, sum_stats)``: flows ``{id: (batch,)}`` of this rank's nodes, and the summed
+        child shares of this rank's sum nodes.
+    """
+    from mpifc.federated.em import downward
+
+    edges = fc.rank_edges()
+    flows: dict[int, np.ndarray] = {}
+    if fc.nodes[fc.root].rank == rank:
+        flows[fc.root] = np.ones(batch)
+    for (src, dst), ids in sorted(edges.items()):
+        if src != rank:
+            continue
+        flat = transport.recv(dst, P.FLOWS)
+        for i, nid in enumerate(ids):
+            part = flat[i * batch: (i + 1) * batch]
+            flows[nid] = flows[nid] + part if nid in flows else part.copy()
+    mine = [nid for nid in fc.reachable() if fc.nodes[nid].rank == rank]
+    stats = downward(fc, values, flows, mine)
+    for (src, dst), ids in sorted(edges.items()):
+        if dst != rank:
+            continue
+        bundle = np.concatenate([flows.get(nid, np.zeros(batch)) for nid in ids])
+        transport.send(bundle, src, P.FLOWS)
+    return {nid: flows[nid] for nid in mine if nid in flows}, stats

@@ -37,7 +37,7 @@ from mpifc.federated.serialize import model_from_bytes, model_to_bytes, save_fc
 from mpifc.runtime import fc_protocol as P
 from mpifc.runtime.fc_data import read_client_data
 
-CLIENT_PHASES = ("read", "learn", "serialize")
+CLIENT_PHASES = ("read", "learn", "serialize", "em")
 
 
 def client_plan(plan: FederationPlan, client: int) -> FederationPlan:
@@ -111,8 +111,35 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     times["serialize"] = time.perf_counter() - t0
     for b in blobs:
         t.send(b, 0, P.MODEL)
-    t.send(np.array([times[p] for p in CLIENT_PHASES]), 0, P.TIMING)
+    if cfg.get("refine") == "em":
+        ctx.ledger.set_phase("em")
+        t0 = time.perf_counter()
+        _client_em(ctx, cfg, index, data, report)
+        times["em"] = time.perf_counter() - t0
+    t.send(np.array([times.get(p, 0.0) for p in CLIENT_PHASES]), 0, P.TIMING)
     t.recv_obj(0, P.DONE)
+
+
+def _client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, report: ClientReport) -> None:
+    """Exact EM, client side: own leaves only, own rows only; sends the refined PCs at the end."""
+    from mpifc.federated.em import update_leaf
+    from mpifc.federated.serialize import fc_from_bytes
+    from mpifc.runtime.fc_query import downward_pass, upward_pass
+
+    t = ctx.transport
+    fc = fc_from_bytes(t.recv(0, P.EM_STRUCTURE))
+    insert_models(fc, {(index, r.subspace, r.cluster): r.model for r in report.leaves})
+    cols = {f: data.shard.x_train[:, j] for j, f in enumerate(data.shard.features)}
+    n = data.shard.x_train.shape[0]
+    mine = [nid for nid in fc.reachable() if fc.nodes[nid].rank == ctx.rank and fc.nodes[nid].op == "leaf"]
+    for _ in range(int(cfg["em_iters"])):
+        values: dict[int, np.ndarray] = {}
+        upward_pass(t, fc, ctx.rank, cols, n, values=values)
+        flows, _ = downward_pass(t, fc, ctx.rank, values, n)
+        for nid in mine:
+            update_leaf(fc, nid, cols, flows[nid])
+    for r in report.leaves:
+        t.send(model_to_bytes(r.model), 0, P.MODEL)
 
 
 def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int], n_servers: int
@@ -133,6 +160,13 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     builder = builder_from_config(cfg)
     plan = builder.plan(decls, manifest.feature_order, manifest.target, manifest.setting)
     busy["plan"] = time.perf_counter() - t0
+    if cfg.get("refine") == "em":
+        if cfg["assign"] != "flat":
+            raise UserError("--refine em supports --assign flat only")
+        digests = {d.ids_digest for d in decls}
+        if len(digests) != 1 or len({d.n_rows for d in decls}) != 1:
+            raise UserError("--refine em (exact EM without moving data) needs every client to hold the "
+                            "same rows in the same order (vertical data with aligned ids)")
     for c in sorted(ranks):
         t.send_obj(client_plan(plan, c), ranks[c], P.PLAN)
     ctx.ledger.set_phase("learn")
@@ -159,9 +193,19 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             models[(c, leaf.subspace, leaf.cluster)] = model_from_bytes(blob)
             t_des += time.perf_counter() - t0
         insert_models(fc, models)
-        client_times[c] = dict(zip(CLIENT_PHASES, t.recv(ranks[c], P.TIMING).tolist()))
     busy["deserialize"] = t_des
     fc.validate(require_models=True)
+    em_trace: list[float] = []
+    if cfg.get("refine") == "em":
+        if cfg.get("em_initial_model"):
+            save_fc(fc, cfg["em_initial_model"])
+        ctx.ledger.set_phase("em")
+        t0 = time.perf_counter()
+        em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
+        busy["em"] = time.perf_counter() - t0
+        fc.validate(require_models=True)
+    for c in sorted(ranks):
+        client_times[c] = dict(zip(CLIENT_PHASES, t.recv(ranks[c], P.TIMING).tolist()))
     rows = ctx.ledger.rows
     sent = ctx.ledger.sent
     bytes_train = int(rows["payload_bytes"].sum() + rows["header_bytes"].sum() + sent[:, 1].sum() + sent[:, 2].sum())
@@ -175,6 +219,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         "products": int(cfg["products"]), "seed": int(cfg["seed"]), "assign": cfg["assign"],
         "n_nodes": len(fc.nodes), "n_leaves": len(fc.leaves), "n_parameters": fc.num_parameters(),
         "bytes_train": bytes_train, "messages_train": messages,
+        "em_train_ll": em_trace,
         "ranks": ctx.size,
         # Busy seconds only (waiting excluded); the file write is left out of both figures.
         "train_seconds_critical_path": max(client_busy.values()) + server_busy,
@@ -187,3 +232,29 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     for c in sorted(ranks):
         t.send_obj("ok", ranks[c], P.DONE)
     return summary
+
+
+def _server_em(ctx: Any, cfg: dict[str, Any], fc: Any, ranks: dict[int, int], reports: list[ClientReport],
+               n: int) -> list[float]:
+    """Exact EM, server side: sum nodes only; returns the mean train log-likelihood per iteration."""
+    from mpifc.federated.em import update_sums
+    from mpifc.federated.serialize import fc_to_bytes
+    from mpifc.runtime.fc_query import downward_pass, upward_pass
+
+    t = ctx.transport
+    blob = fc_to_bytes(fc)
+    for c in sorted(ranks):
+        t.send(blob, ranks[c], P.EM_STRUCTURE)
+    trace = []
+    for _ in range(int(cfg["em_iters"])):
+        values: dict[int, np.ndarray] = {}
+        root = upward_pass(t, fc, ctx.rank, {}, n, values=values)
+        trace.append(float(root[:, 0].mean()))
+        _, stats = downward_pass(t, fc, ctx.rank, values, n)
+        update_sums(fc, stats)
+    models = {}
+    for rep in reports:
+        for leaf in rep.leaves:
+            models[(rep.client, leaf.subspace, leaf.cluster)] = model_from_bytes(t.recv(ranks[rep.client], P.MODEL))
+    insert_models(fc, models)
+    return trace

@@ -5,10 +5,20 @@ small typed header (see :mod:`mpifc.runtime.wire`); small payloads ride inside t
 so a small message costs one MPI message. Pickling is only for small control objects
 (:meth:`Transport.send_obj`), and those are counted too.
 
-Every receive and every send has a deadline: waiting is done by polling (``Improbe`` / ``Test``),
-first spinning briefly so latency stays low, then backing off with short sleeps so a waiting
-rank does not burn a core. When the deadline passes, :class:`DeadlineExceeded` names the peer
-and the awaited kind.
+Waiting and deadlines. Receives of one kind from one rank (or from any rank), payload chunks
+and sends wait *inside MPI* (``Waitall``), as fast as raw mpi4py, while a watchdog thread
+holds their deadline (:mod:`mpifc.runtime.watchdog`: it cancels the requests when the deadline
+passes, and aborts the job if they cannot be cancelled). Waits over several ``(source, kind)``
+pairs (:meth:`Transport.recv_any_kind`, the actor loop) poll ``Improbe`` from Python: they spin
+for ``spin_s``, yielding the core now and then, then back off with short sleeps so a rank that
+waits for a computing peer does not burn a core. When a deadline passes,
+:class:`DeadlineExceeded` names the peer and the awaited kind.
+
+Receive buffers: small messages are copied out of one reused header buffer; large ones land in
+arrays from a :class:`~mpifc.runtime.bufpool.RecvBufferPool` (recycled once the caller drops
+them), or in the caller's own ``out=`` array.
+
+All ranks must use the same ``inline_max`` (a longer header message would not fit).
 """
 from __future__ import annotations
 
@@ -23,8 +33,9 @@ from mpi4py import MPI
 
 from mpifc.runtime import wire
 from mpifc.runtime.bufpool import RecvBufferPool
-from mpifc.runtime.kinds import MessageKind, as_kind, kind_by_id
+from mpifc.runtime.kinds import MessageKind, as_kind
 from mpifc.runtime.ledger import CommLedger
+from mpifc.runtime.watchdog import new_guard
 
 INLINE_MAX_BYTES = 16 * 1024
 CHUNK_BYTES = 1 << 30           # keeps each MPI count far below 2**31 - 1
@@ -34,7 +45,11 @@ _BF16_CODE = 15                 # dtype code of torch.bfloat16 (carried as uint1
 
 
 class DeadlineExceeded(RuntimeError):
-    """A send or receive waited longer than the transport's deadline."""
+    """A send or receive waited longer than the transport's deadline.
+
+    After it the transport's state is undefined (messages may be half received): end the job,
+    as :func:`mpifc.runtime.job.run_job` does.
+    """
 
     brief = True  # an expected failure mode: reported in one line, without traceback
 
@@ -139,6 +154,8 @@ class Transport:
         self.size = comm.Get_size()
         self.deadline = float(deadline) if deadline and deadline > 0 else float("inf")
         self.spin_s = spin_s
+        # Yield the core every 64 polls while spinning (helps oversubscribed nodes; see bench).
+        self.yield_in_spin = os.environ.get("MPIFC_SPIN_YIELD", "1") != "0"
         self.max_sleep_s = max_sleep_s
         self.inline_max = int(inline_max)
         self.chunk_bytes = int(chunk_bytes)
@@ -148,6 +165,9 @@ class Transport:
         if tag_ub is not None and tag_ub < (1 << 15) - 1:
             raise RuntimeError(f"this MPI's MPI_TAG_UB is {tag_ub}, below the standard's 32767")
         self._status = MPI.Status()
+        # Blocking waits happen inside MPI, guarded by the watchdog thread (needs THREAD_MULTIPLE);
+        # otherwise they fall back to polling from Python.
+        self._guard = new_guard(self.rank) if MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
         # Called as hook(kind, dest, wire_array, is_pickle) before every send, on every path
         # (privacy audits); wire_array is the pickle's bytes as uint8 for send_obj.
         self.send_hooks: list[Callable[[MessageKind, int, np.ndarray, bool], None]] = []
@@ -179,8 +199,6 @@ class Transport:
             for hook in self.send_hooks:
                 hook(k, dest, arr, False)
         if nbytes > self.inline_max or dest == self.rank:
-            if dest != self.rank:
-                flags |= wire.FLAG_SENDER_WAITS
             self._complete_send(self._isend_array(arr, code, flags, dest, k, hooked=True))
             return
         # Small message, the hot path: one MPI message from a reusable buffer (safe because we
@@ -381,7 +399,8 @@ class Transport:
                 if now >= deadline_at:
                     return False
                 if now < spin_until:
-                    os.sched_yield()
+                    if self.yield_in_spin:
+                        os.sched_yield()
                 else:
                     time.sleep(sleep)
                     sleep = min(sleep * 2, self.max_sleep_s)
@@ -394,14 +413,9 @@ class Transport:
             self._check_peer(source, "receive from")
         status = self._status
         req = self.comm.Irecv([self._hbuf, len(self._hbuf), MPI.BYTE], source, kind.tag)
-        if not self._poll(lambda: req.Test(status), self.spin_s):
-            req.Cancel()
-            req.Wait(status)
-            if status.Is_cancelled():
-                who = None if source == MPI.ANY_SOURCE else [source]
-                raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for "
-                                       f"{self._waiting_for(who, [kind])}")
-            # It arrived while we cancelled: use it.
+        if not req.Test(status):
+            who = None if source == MPI.ANY_SOURCE else [source]
+            self._block([req], [status], lambda: self._waiting_for(who, [kind]))
         count, src = status.Get_count(MPI.BYTE), status.Get_source()
         value, flags = self._take_payload(count, src, kind, out)
         return (value, flags, src) if want_source else (value, flags)
@@ -476,14 +490,8 @@ class Transport:
             piece = view[lo: lo + self.chunk_bytes]
             reqs.append(self.comm.Irecv([piece, len(piece), MPI.BYTE], src, kind.tag))
         statuses = [MPI.Status() for _ in reqs]
-        if flags & wire.FLAG_SENDER_WAITS:
-            # The sender is inside send(), polling under its own deadline (and aborting the job
-            # when it passes), so waiting inside MPI cannot hang; it keeps full bandwidth.
-            MPI.Request.Waitall(reqs, statuses)
-        else:
-            self._wait_requests(reqs, nbytes,
-                                lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}",
-                                statuses)
+        self._block(reqs, statuses,
+                    lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}")
         got = sum(s.Get_count(MPI.BYTE) for s in statuses)
         if got != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: received {got} payload "
@@ -491,27 +499,38 @@ class Transport:
         self.ledger.record(kind_id, src, got, count, 1 + n_chunks, t_send, _now())
         return arr, flags
 
-    def _wait_requests(self, reqs: list[MPI.Request], nbytes: int, describe: Callable[[], str],
-                       statuses: list[MPI.Status] | None = None) -> None:
-        """Poll ``Testall`` until done or the deadline passes (then cancel and raise).
+    def _wait_requests(self, reqs: list[MPI.Request], nbytes: int, describe: Callable[[], str]) -> None:
+        """Wait for send (or barrier) requests under the deadline."""
+        if not MPI.Request.Testall(reqs):
+            self._block(reqs, [MPI.Status() for _ in reqs], describe)
 
-        Data transfers need MPI progress from this rank, so spinning lasts longer than when
-        waiting for a peer to start talking (about 1 s plus 1 s per 500 MB).
+    def _block(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str]) -> None:
+        """Wait for all ``reqs`` (filling ``statuses``); DeadlineExceeded when the deadline passes.
+
+        Waits inside MPI with the watchdog armed (see :mod:`mpifc.runtime.watchdog`); without
+        MPI_THREAD_MULTIPLE it polls from Python instead and cancels at the deadline.
         """
-        if statuses is None:
-            done = self._poll(lambda: MPI.Request.Testall(reqs), max(self.spin_s, 1.0 + nbytes / 5e8))
-        else:
-            done = self._poll(lambda: MPI.Request.Testall(reqs, statuses), max(self.spin_s, 1.0 + nbytes / 5e8))
-        if done:
+        guard = self._guard
+        if guard is not None:
+            state = [0.0]
+            guard.armed = (reqs, time.perf_counter() + self.deadline, describe, state)
+            try:
+                MPI.Request.Waitall(reqs, statuses)
+            finally:
+                guard.armed = None
+            if state[0] and any(st.Is_cancelled() for st in statuses):
+                raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+            return
+        if self._poll(lambda: MPI.Request.Testall(reqs, statuses), self.spin_s):
             return
         for r in reqs:
-            # Cancel what has not matched so MPI does not write into freed buffers later.
-            if r != MPI.REQUEST_NULL:
-                try:
-                    r.Cancel()
-                except MPI.Exception:
-                    pass
-        raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+            try:
+                r.Cancel()
+            except MPI.Exception:
+                pass
+        # A request that completed while we cancelled is fine; anything else is the deadline.
+        if not MPI.Request.Testall(reqs, statuses) or any(st.Is_cancelled() for st in statuses):
+            raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
 
     @staticmethod
     def _as_array(value: np.ndarray, flags: int, kind: MessageKind | str) -> np.ndarray:

@@ -22,8 +22,6 @@ VERSION = 1
 FLAG_INLINE = 1   # payload follows the header in the same MPI message
 FLAG_PICKLE = 2   # payload is a pickle (uint8), not an array
 FLAG_BF16 = 4     # payload is torch.bfloat16 bits carried as uint16
-FLAG_SENDER_WAITS = 8  # the sender blocks in send() until its chunks are taken, so the
-                       # receiver may wait for them inside MPI (faster than polling)
 
 # magic u8, version u8, dtype code u8, ndim u8, flags u8, pad u8, kind id u16,
 # n_chunks u32, reserved u32, t_send f64, nbytes i64  -> 32 bytes, keeps the payload 8-aligned.

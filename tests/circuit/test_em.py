@@ -129,3 +129,31 @@ def test_statistics_of_another_circuit_are_rejected() -> None:
         _ = st + CircuitStats(st.edge_counts[:-1], st.leaf)
     with pytest.raises(UserError, match="sample_weight"):
         a.em_statistics(np.zeros((2, 3)), np.array([1.0, -1.0]))
+
+
+def test_models_implement_the_density_model_contract() -> None:
+    from mpifc.circuit.base import DensityModel
+    from mpifc.circuit.ratspn import RatSPN
+
+    spn = SPN(random_circuit((0, 1), LEAF_KINDS[0], np.random.default_rng(0)))
+    rat = RatSPN(4, depth=1, seed=0)
+    for m in (spn, rat):
+        assert isinstance(m, DensityModel)
+        st = m.em_statistics(np.zeros((3, len(m.scope))))
+        assert isinstance(st, EMStatistics)
+        assert all(v.dtype == np.float64 for v in st.to_arrays().values())
+
+
+def test_empty_shard_gives_zero_statistics_and_keeps_the_model() -> None:
+    from mpifc.circuit.ratspn import RatSPN
+
+    x = np.random.default_rng(0).normal(size=(20, 4))
+    for m in (SPN(random_circuit((0, 1, 2, 3), LEAF_KINDS[4], np.random.default_rng(1))), RatSPN(4, depth=1, seed=0)):
+        before = m.log_likelihood(x)
+        empty = m.em_statistics(np.zeros((0, 4)))
+        assert empty.n == 0.0 and all(np.all(v == 0) for v in empty.to_arrays().values())
+        full = m.em_statistics(x)
+        for k, v in (full + empty).to_arrays().items():
+            np.testing.assert_array_equal(v, full.to_arrays()[k])
+        m.apply_em(empty)
+        torch.testing.assert_close(m.log_likelihood(x), before, rtol=0, atol=1e-12)

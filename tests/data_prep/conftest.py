@@ -6,10 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_prep.files import default_data_root
 from data_prep.table import RawTable, pixel_names
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO.parent / "shared" / "data"
+DATA = default_data_root()  # $MPIFC_DATA, else <repo>/../shared/data, as the loaders see it
 
 
 def make_table(n: int = 240, n_classes: int = 2, seed: int = 0, own_test: bool = False,
@@ -59,7 +60,7 @@ def table() -> RawTable:
 
 
 def needs_data(*parts: str):
-    """Decorator: mark a test ``data`` and skip it when ``../shared/data/<parts>`` is absent."""
+    """Decorator: mark a test ``data`` and skip it when ``DATA/<parts>`` is absent."""
     path = DATA.joinpath(*parts)
 
     def mark(fn):

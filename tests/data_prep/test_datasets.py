@@ -44,6 +44,10 @@ def test_debd_malformed_line_is_named(tmp_path):
         load_dataset("debd:toy", tmp_path)
     with pytest.raises(UserError, match="debd needs a set name"):
         load_dataset("debd", tmp_path)
+    (tmp_path / "toy.valid.data").unlink()
+    (tmp_path / "toy.valid.data.gz").write_bytes(gzip.compress(b"0,1,1\n" * 50)[:-12])
+    with pytest.raises(UserError, match=r"toy\.valid\.data\.gz: cannot read"):
+        load_dataset("debd:toy", tmp_path)
 
 
 ADULT_ROW = "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, " \

@@ -92,6 +92,10 @@ def test_target_encoding_maps_a_category_to_one_value_matching_the_class_rate():
 def test_target_encoding_needs_a_binary_target():
     with pytest.raises(UserError, match="--encode target needs a binary target"):
         Preprocessor.fit(make_table(n_classes=3), TRAIN)
+    one_class = make_table()
+    one_class.y[:] = 0
+    with pytest.raises(UserError, match="needs both classes among the training rows"):
+        Preprocessor.fit(one_class, TRAIN)
     # without categoricals there is nothing to encode, so any target is fine
     Preprocessor.fit(make_images(), np.arange(150))
 

@@ -51,3 +51,27 @@ def test_header_line_is_skipped():
     parser.feed(["a,b", "1,2", "3,NA"], "h.csv", header=True)
     out = parser.finish()
     assert np.array_equal(out.column("b"), [2.0, np.nan], equal_nan=True)
+
+
+def test_undecodable_and_truncated_files_are_user_errors(tmp_path):
+    bad = tmp_path / "latin.csv"
+    bad.write_bytes(b"a,b\n1,caf\xe9\n")
+    parser = DelimitedParser([ColumnSpec("a", "real"), ColumnSpec("b", "categorical")])
+    with open(bad, encoding="utf-8", newline="") as f, \
+            pytest.raises(UserError, match=r"latin\.csv: not UTF-8 text"):
+        parser.feed(f, str(bad))
+
+
+def test_numbers_follow_float_and_late_categories_keep_sorted_codes():
+    lines = ["1_000, b, 0, y", "2, a, 0, x", " 3.5 , a, 0, x", "nan, ?, 0, x", "5, c, 0, y",
+             "6, b, 0, x", "7, a, 0, y", "x8, a, 0, y"]
+    parser = DelimitedParser(SPECS, missing=frozenset({"?"}))
+    with pytest.raises(UserError, match="f.csv line 8, field 'age': 'x8' is not a number"):
+        parser.feed(lines, "f.csv")
+    parser = DelimitedParser(SPECS, missing=frozenset({"?"}))
+    parser.feed(lines[:-1], "f.csv")
+    out = parser.finish()
+    assert np.array_equal(out.column("age"), [1000, 2, 3.5, np.nan, 5, 6, 7], equal_nan=True)
+    assert out.categories["job"] == ["a", "b", "c"]
+    assert np.array_equal(out.column("job"), [1, 0, 0, np.nan, 2, 1, 0], equal_nan=True)
+    assert out.y.tolist() == [1, 0, 0, 0, 1, 0, 1]

@@ -147,3 +147,28 @@ def test_failed_save_leaves_no_file(tmp_path, hybrid_fc):
     finally:
         hybrid_fc.leaves[-1].leaf.model = keep
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("setting", ["horizontal", "hybrid"])
+def test_fcdt_averages_client_tree_probabilities(setting):
+    x = binary_table(600, seed=16)
+    shards = split(x, setting)
+    b = OnePassBuilder(seed=0, learner="dt", hyperparameters={"max_depth": 4})
+    fc = assign(build_single_process(b, [(d, xi) for d, xi, _ in shards], FEATURES, "y", setting), "flat")
+    root = fc.nodes[fc.root]
+    assert root.op == "average" and len(root.children) == len(shards)
+    test = binary_table(300, seed=17)
+    proba = np.exp(predict_log_proba(fc, test))
+    # The root is the plain mean of the client trees' class probabilities.
+    mean = np.mean([fc.nodes[c].leaf.model.class_probs(
+        test[:, [FEATURES.index(f) for f in fc.nodes[c].leaf.features]]) for c in root.children], axis=0)
+    np.testing.assert_allclose(proba, mean, atol=1e-12)
+    if setting == "horizontal":  # each tree sees a and c together: the xor is learnable
+        assert (predict(fc, test) == test[:, 4]).mean() > 0.75
+
+
+def test_fcdt_needs_the_target_on_every_client():
+    x = binary_table(100)
+    shards = split(x, "vertical")
+    with pytest.raises(Exception, match="client 0 does not hold the target 'y'"):
+        build_single_process(OnePassBuilder(learner="dt"), [(d, xi) for d, xi, _ in shards], FEATURES, "y")

@@ -246,3 +246,21 @@ def test_validation_names_non_decomposable_product():
     root.children.append(root.children[0])
     with pytest.raises(UserError, match=rf"product node {root.id} on rank 0 is not decomposable"):
         fc.validate()
+
+
+def test_per_client_learner_override_and_seeds_from_client_index():
+    decls = [decl(0, ["a"], 10, "s"), decl(1, ["b"], 10, "s"), decl(2, ["a"], 10, "s")]
+    plan = OnePassBuilder(learner="learnspn", learners={1: "factorized"}, seed=4).plan(decls)
+    by = {(t.client, t.subspace): t for t in plan.tasks}
+    assert {t.learner for t in plan.tasks if t.client == 1} == {"factorized"}
+    assert {t.learner for t in plan.tasks if t.client != 1} == {"learnspn"}
+    again = OnePassBuilder(learner="learnspn", learners={1: "factorized"}, seed=4).plan(decls[::-1])
+    assert {(t.client, t.subspace): t.seed for t in again.tasks} == {k: t.seed for k, t in by.items()}
+    assert len({t.seed for t in plan.tasks}) == len(plan.tasks)
+
+
+def test_unknown_learner_is_a_user_error():
+    from mpifc.federated.learners import fit_leaf
+
+    with pytest.raises(UserError, match="unknown learner 'nope'"):
+        fit_leaf("nope", np.zeros((3, 1)), ["real"], 0)

@@ -9,13 +9,16 @@ from mpifc.errors import UserError
 from mpifc.ngm.federation import (ReleaseRefused, ReleaseRule, distill_global, sample_counts, stitch,
                                   to_stitched_columns, train_stitched)
 from mpifc.ngm.graph import DependencyGraph
-from mpifc.ngm.inference import predict_feature
+from mpifc.ngm.inference import InferenceSettings, predict_feature
 from mpifc.ngm.schema import Schema, categorical, real
 from mpifc.ngm.training import TrainConfig, fit_ngm
 
 from .conftest import CHAIN_GRAPH, CHAIN_SCHEMA, chain_data
 
-TINY = TrainConfig(epochs=12, batch_size=64, lr=1e-2, lam=1.0, seed=0, calib_rows=300)
+TINY = TrainConfig(epochs=12, batch_size=32, lr=1e-2, lam=1.0, seed=0, calib_rows=300,
+                   inference=InferenceSettings(steps=20))
+GLOBAL = TrainConfig(epochs=16, batch_size=64, lr=1e-2, lam=1.0, seed=0, calib_rows=300,
+                     inference=InferenceSettings(steps=20))
 
 
 def test_release_rule_refuses_below_k():
@@ -39,19 +42,18 @@ def test_sample_counts():
 
 
 @pytest.fixture(scope="module")
-def clients():
-    """Two clients on the chain; the second over-represents large c (a shifted segment)."""
-    x1 = chain_data(600, seed=10)
+def clients(chain_model, chain_train):
+    """Two clients on the chain: the shared chain model (1500 rows) and one that over-represents
+    large c (a shifted segment, 600 rows)."""
     big = chain_data(3000, seed=11)
     x2 = np.concatenate([big[big[:, 2] > 0.5][:400], big[:200]])
-    models = [fit_ngm(x, CHAIN_SCHEMA, CHAIN_GRAPH, hidden=(12, 12), config=TINY) for x in (x1, x2)]
-    return models, (x1, x2)
+    return [chain_model, fit_ngm(x2, CHAIN_SCHEMA, CHAIN_GRAPH, hidden=(16, 16), config=TINY)], (chain_train, x2)
 
 
 def test_global_model_distils_the_clients(clients, chain_test):
     models, _ = clients
-    glob, counts = distill_global(models, CHAIN_GRAPH, 1000, hidden=(12, 12), config=TINY)
-    assert counts == [500, 500]
+    glob, counts = distill_global(models, CHAIN_GRAPH, 800, hidden=(12, 12), config=GLOBAL)
+    assert counts == [400, 400]
     assert glob.n_parameters() == models[0].n_parameters()  # size independent of the client count
     off, on = glob.path_norm_split()
     assert off < 0.05 * on
@@ -59,7 +61,7 @@ def test_global_model_distils_the_clients(clients, chain_test):
     assert np.mean((pred - chain_test[:, 1]) ** 2) < 0.5  # marginal variance ~1, optimum 0.22
     _, prop = distill_global(models, CHAIN_GRAPH, 100, proportional=True, hidden=(4,),
                              config=TrainConfig(epochs=1, calib_rows=0))
-    assert prop == [50, 50]  # both clients hold 600 rows
+    assert prop == [71, 29]  # 1500 and 600 rows
 
 
 def test_public_data_term_is_used(clients, chain_test):
@@ -80,7 +82,7 @@ def test_global_model_rejects_mismatched_clients(clients):
 
 def test_stitching_keeps_global_weights_bit_identical(clients):
     models, (x1, _) = clients
-    glob = models[0]
+    glob = models[1]
     frozen = [(layer.weight.detach().clone(), layer.bias.detach().clone()) for layer in glob.net.layers]
     # The client also holds e = 2c + noise and a binary f driven by e.
     rng = np.random.default_rng(0)

@@ -65,8 +65,8 @@ P_X2 = np.array([1 - P_X1 @ [0.1, 0.5, 0.9], P_X1 @ [0.1, 0.5, 0.9]])
 def test_sampling_reproduces_known_marginals():
     schema = Schema((categorical("x0", 3), categorical("x1", 3), categorical("x2", 2)))
     graph = DependencyGraph.from_edges(schema.names, [("x0", "x1"), ("x1", "x2")])
-    model = fit_ngm(discrete_chain(3000, 0), schema, graph, hidden=(16, 16), config=SMALL)
-    s = sample(model, 3000, np.random.default_rng(5))
+    model = fit_ngm(discrete_chain(1500, 0), schema, graph, hidden=(16, 16), config=SMALL)
+    s = sample(model, 1500, np.random.default_rng(5))
     assert model.calibration.order[0] == 1  # x1 has the largest degree: the root
     for j, p in [(0, np.array([0.2, 0.5, 0.3])), (1, P_X1), (2, P_X2)]:
         obs = np.bincount(s[:, j].astype(int), minlength=len(p))
@@ -76,10 +76,10 @@ def test_sampling_reproduces_known_marginals():
 
 
 def test_sampling_reproduces_real_marginals_and_is_seeded(chain_model, chain_train):
-    s = sample(chain_model, 2000, np.random.default_rng(0))
+    s = sample(chain_model, 1000, np.random.default_rng(0))
     assert not np.isnan(s).any()
     for j in range(3):  # each real of the chain is N(0, 1)
         assert stats.kstest(s[:, j], "norm").pvalue > 0.001, j
     assert abs(np.corrcoef(s[:, 0], s[:, 1])[0, 1] - 0.8) < 0.15
-    again = sample(chain_model, 2000, np.random.default_rng(0))
+    again = sample(chain_model, 1000, np.random.default_rng(0))
     assert np.array_equal(s, again)

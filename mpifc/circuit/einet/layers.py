@@ -3,9 +3,11 @@
 Keeping the weights outside lets the same layer run the forward pass, the autograd E-step (on
 detached copies that require grad) and the top-down backtracking without copying parameters.
 
-Shapes: ``values`` is ``(batch, N, K)``: log-densities (nats) of the ``N`` regions computed so far,
-``K`` densities each. A layer of ``P`` partitions returns ``(batch, P, K_out)``; its mixing layer
-combines the partitions of each of its ``R`` regions into ``(batch, R, K_out)``.
+Shapes (batch last, so that gathering regions copies contiguous ``K x batch`` blocks and the
+einsum is one ``bmm`` without transposes): ``values`` is ``(N, K, batch)``: log-densities (nats)
+of the ``N`` regions computed so far, ``K`` densities each. A layer of ``P`` partitions returns
+``(P, K_out, batch)``; its mixing layer combines the partitions of each of its ``R`` regions into
+``(R, K_out, batch)``. The backtracking helpers take batch-first views ``(batch, N, K)``.
 """
 from __future__ import annotations
 
@@ -36,28 +38,23 @@ class EinsumLayer:
     def num_partitions(self) -> int:
         return int(self.left.numel())
 
-    def children(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left and right child log-densities, each ``(batch, P, K_in)``."""
-        return values[:, self.left], values[:, self.right]
-
     def forward(self, values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``values (batch, N, K_in)``, ``weight (P, K_out, K_in, K_in)`` -> ``(batch, P, K_out)``."""
-        left, right = self.children(values)
-        ml, mr = _shift(left, -1), _shift(right, -1)
+        """``values (N, K_in, batch)``, ``weight (P, K_out, K_in, K_in)`` -> ``(P, K_out, batch)``."""
+        left, right = values[self.left], values[self.right]  # (P, K_in, batch)
+        ml, mr = _shift(left, 1), _shift(right, 1)
         el, er = torch.exp(left - ml), torch.exp(right - mr)
-        batch, parts, k = el.shape
-        outer = (el.unsqueeze(-1) * er.unsqueeze(-2)).reshape(batch, parts, k * k).transpose(0, 1)
-        w = weight.reshape(parts, self.k_out, k * k).transpose(1, 2)
-        prod = torch.bmm(outer, w).transpose(0, 1)  # (batch, P, K_out)
+        parts, k, batch = el.shape
+        outer = (el.unsqueeze(2) * er.unsqueeze(1)).reshape(parts, k * k, batch)
+        prod = torch.bmm(weight.reshape(parts, self.k_out, k * k), outer)
         # Clamping only matters when every weight of the max entries is exactly 0.
         return torch.log(prod.clamp_min(torch.finfo(prod.dtype).tiny)) + ml + mr
 
     def choice_logits(self, values: torch.Tensor, weight: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Log posterior (unnormalised) of child pairs given parent component ``k (batch, P)``.
 
-        Returns ``(batch, P, K_in * K_in)``, index ``i * K_in + j``.
+        ``values`` is batch-first ``(batch, N, K_in)``. Returns ``(batch, P, K_in * K_in)``, index ``i * K_in + j``.
         """
-        left, right = self.children(values)
+        left, right = values[:, self.left], values[:, self.right]  # batch-first (batch, P, K_in)
         batch, parts, kin = left.shape
         w = weight[torch.arange(parts, device=k.device).unsqueeze(0), k]  # (batch, P, K_in, K_in)
         logits = torch.log(w) + left.unsqueeze(-1) + right.unsqueeze(-2)
@@ -77,18 +74,18 @@ class MixingLayer:
             (idx[:, 0] == torch.arange(idx.shape[0], device=idx.device)).all())
 
     def forward(self, parts: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        """``parts (batch, P, K_out)``, ``weight (R, K_out, maxP)`` -> ``(batch, R, K_out)``."""
+        """``parts (P, K_out, batch)``, ``weight (R, K_out, maxP)`` -> ``(R, K_out, batch)``."""
         if self.trivial:
             return parts
-        g = parts[:, self.idx]  # (batch, R, maxP, K_out)
-        m = _shift(g, 2)
-        s = torch.einsum("brpk,rkp->brk", torch.exp(g - m), weight)
-        return torch.log(s.clamp_min(torch.finfo(s.dtype).tiny)) + m.squeeze(2)
+        g = parts[self.idx]  # (R, maxP, K_out, batch)
+        m = _shift(g, 1)
+        s = (torch.exp(g - m) * weight.transpose(1, 2).unsqueeze(-1)).sum(1)
+        return torch.log(s.clamp_min(torch.finfo(s.dtype).tiny)) + m.squeeze(1)
 
     def choice_logits(self, parts: torch.Tensor, weight: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Log posterior (unnormalised) of each region's partitions given ``k (batch, R)``.
 
-        Returns ``(batch, R, maxP)``; padded slots are -inf.
+        ``parts`` is batch-first ``(batch, P, K_out)``. Returns ``(batch, R, maxP)``; padded slots are -inf.
         """
         g = parts[:, self.idx]  # (batch, R, maxP, K_out)
         g = g.gather(3, k[:, :, None, None].expand(-1, -1, g.shape[2], 1)).squeeze(3)

@@ -2,8 +2,8 @@
 
 Leaf regions are padded to a common width ``m``: slot ``(l, i)`` holds the ``i``-th variable of
 leaf region ``l`` (padding slots read NaN). A family maps slot values ``x`` of shape
-``(batch, L, m)`` to region log-densities ``(batch, L, K)`` (nats): the sum over the region's
-slots of each component's univariate log-density, with NaN (missing or padding) giving
+``(L, m, batch)`` (batch last, like the layers) to region log-densities ``(L, K, batch)``
+(nats): the sum over the region's slots of each component's univariate log-density, with NaN (missing or padding) giving
 ``log 1 = 0`` so that it is marginalised. Parameters are stored flat as ``(L * m, K, ...)``.
 
 EM statistics come from autograd: :meth:`LeafFamily.forward_for_em` returns the region values
@@ -49,29 +49,29 @@ class LeafFamily(ABC):
 
     @abstractmethod
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, L, m)`` values -> ``(batch, L, m, K)`` log-densities (nats); NaN -> 0."""
+        """``(L, m, batch)`` values -> ``(L, m, K, batch)`` log-densities (nats); NaN -> 0."""
 
     @abstractmethod
     def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
         """Responsibility-weighted sufficient statistics summed over the batch.
 
         Args:
-            x: ``(batch, L, m)`` values, NaN = missing (contributes nothing).
-            resp: ``(batch, L, m, K)`` posterior weights of each component (the flows).
+            x: ``(L, m, batch)`` values, NaN = missing (contributes nothing).
+            resp: ``(L, m, K, batch)`` posterior weights of each component (the flows).
         Returns:
             Tensors of shape ``(L * m, K, ...)``.
         """
 
     def region_log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, L, m)`` -> ``(batch, L, K)``: log-density of each region's components."""
-        return self.log_prob(x).sum(2)
+        """``(L, m, batch)`` -> ``(L, K, batch)``: log-density of each region's components."""
+        return self.log_prob(x).sum(1)
 
     def forward_for_em(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Region log-densities ``(batch, L, K)`` plus the tensors (requiring grad) they come from."""
+        """Region log-densities ``(L, K, batch)`` plus the tensors (requiring grad) they come from."""
         with torch.no_grad():
             lp = self.log_prob(x)
         lp.requires_grad_(True)
-        return lp.sum(2), [lp]
+        return lp.sum(1), [lp]
 
     def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
                          grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -123,18 +123,19 @@ class GaussianLeaf(LeafFamily):
         }
 
     def _view(self, name: str) -> torch.Tensor:
-        return self.params[name].view(self.num_regions, self.width, self.num_components)
+        """Parameter ``name`` as ``(L, m, K, 1)``, broadcasting against ``(L, m, 1, batch)``."""
+        return self.params[name].view(self.num_regions, self.width, self.num_components, 1)
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         mean, var = self._view("mean"), self._view("var")
-        missing = torch.isnan(x)
-        xs = torch.where(missing, torch.zeros_like(x), x).unsqueeze(-1)
+        missing = torch.isnan(x).unsqueeze(2)
+        xs = torch.nan_to_num(x, nan=0.0).unsqueeze(2)
         lp = -0.5 * (xs - mean) ** 2 / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI
-        return lp.masked_fill(missing.unsqueeze(-1), 0.0)
+        return lp.masked_fill(missing, 0.0)
 
     def _natural_params(self) -> torch.Tensor:
         """``(L, 3m, K)``: coefficients of ``x^2``, ``x`` and 1 in the log-density."""
-        mean, var = self._view("mean"), self._view("var")
+        mean, var = self._view("mean")[..., 0], self._view("var")[..., 0]
         a = -0.5 / var
         b = mean / var
         c = -0.5 * mean * mean / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI
@@ -142,19 +143,19 @@ class GaussianLeaf(LeafFamily):
 
     @staticmethod
     def _features(x: torch.Tensor) -> torch.Tensor:
-        """``(batch, L, m)`` -> ``(L, batch, 3m)``: ``[x^2, x, observed]``, zero where NaN."""
+        """``(L, m, batch)`` -> ``(L, 3m, batch)``: ``[x^2, x, observed]``, zero where NaN."""
         observed = ~torch.isnan(x)
-        xs = torch.where(observed, x, torch.zeros_like(x))
-        return torch.cat([xs * xs, xs, observed.to(x.dtype)], 2).transpose(0, 1)
+        xs = torch.nan_to_num(x, nan=0.0)
+        return torch.cat([xs * xs, xs, observed.to(x.dtype)], 1)
 
     def region_log_prob(self, x: torch.Tensor) -> torch.Tensor:
         # An exponential family: the sum over a region's slots is one batched matmul of the
-        # sufficient statistics with the natural parameters, with no (batch, L, m, K) tensor.
-        return torch.bmm(self._features(x), self._natural_params()).transpose(0, 1)
+        # natural parameters with the sufficient statistics, with no (L, m, K, batch) tensor.
+        return torch.bmm(self._natural_params().transpose(1, 2), self._features(x))
 
     def forward_for_em(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         theta = self._natural_params().detach().requires_grad_(True)
-        return torch.bmm(self._features(x), theta).transpose(0, 1), [theta]
+        return torch.bmm(theta.transpose(1, 2), self._features(x)), [theta]
 
     def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
                          grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -165,15 +166,15 @@ class GaussianLeaf(LeafFamily):
 
     def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
         observed = ~torch.isnan(x)
-        r = resp * observed.unsqueeze(-1)
-        m1, m2 = self._moments_per_component(torch.where(observed, x, torch.zeros_like(x)))
+        r = resp * observed.unsqueeze(2)
+        m1, m2 = self._moments_per_component(torch.nan_to_num(x, nan=0.0))
         flat = (self.num_slots, self.num_components)
-        return {"n": r.sum(0).reshape(flat), "s1": (r * m1).sum(0).reshape(flat),
-                "s2": (r * m2).sum(0).reshape(flat)}
+        return {"n": r.sum(-1).reshape(flat), "s1": (r * m1).sum(-1).reshape(flat),
+                "s2": (r * m2).sum(-1).reshape(flat)}
 
     def _moments_per_component(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``E[z]`` and ``E[z^2]`` of the latent value behind each observation."""
-        xs = x.unsqueeze(-1)
+        """``E[z]`` and ``E[z^2]`` of the latent value behind each observation, ``(L, m, K|1, batch)``."""
+        xs = x.unsqueeze(2)
         return xs, xs * xs
 
     def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
@@ -247,20 +248,19 @@ class DiscretizedGaussianLeaf(GaussianLeaf):
     stats_from_grads = LeafFamily.stats_from_grads
 
     def _bounds(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Standardised bin bounds ``(batch, L, m, K)`` of the levels ``x (batch, L, m)``."""
+        """Standardised bin bounds ``(L, m, K, batch)`` of the levels ``x (L, m, batch)``."""
         scale = self.num_levels - 1
         lo = (x - 0.5) / scale
         hi = (x + 0.5) / scale
         lo = torch.where(x <= 0, torch.full_like(lo, -math.inf), lo)
         hi = torch.where(x >= scale, torch.full_like(hi, math.inf), hi)
         mean, std = self._view("mean"), self._view("var").sqrt()
-        return (lo.unsqueeze(-1) - mean) / std, (hi.unsqueeze(-1) - mean) / std
+        return (lo.unsqueeze(2) - mean) / std, (hi.unsqueeze(2) - mean) / std
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         missing = torch.isnan(x)
-        xs = torch.where(missing, torch.zeros_like(x), x)
-        lo, hi = self._bounds(xs)
-        return _log_normal_interval(lo, hi).masked_fill(missing.unsqueeze(-1), 0.0)
+        lo, hi = self._bounds(torch.nan_to_num(x, nan=0.0))
+        return _log_normal_interval(lo, hi).masked_fill(missing.unsqueeze(2), 0.0)
 
     def _moments_per_component(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Truncated-normal moments in float64: the difference of two pdf/mass ratios cancels.
@@ -337,21 +337,21 @@ class CategoricalLeaf(LeafFamily):
         return missing, torch.where(missing, torch.zeros_like(x), x).long()
 
     def _rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Missing mask and flat row ``slot * L_levels + level`` per entry, both ``(batch, L, m)``."""
+        """Missing mask and flat row ``slot * L_levels + level`` per entry, both ``(L, m, batch)``."""
         missing, idx = self._index(x)
-        slot = torch.arange(self.num_slots, device=x.device).view(self.num_regions, self.width)
+        slot = torch.arange(self.num_slots, device=x.device).view(self.num_regions, self.width, 1)
         return missing, slot * self.num_levels + idx
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         missing, rows = self._rows(x)
-        # Gather logp[s, k, x] through one flat index per entry: no (batch, L, m, K, levels) tensor.
+        # Gather logp[s, k, x] through one flat index per entry: no (L, m, K, levels, batch) tensor.
         flat = torch.log(self.params["probs"]).permute(0, 2, 1).reshape(-1, self.num_components)
-        lp = flat[rows.reshape(-1)].reshape(*x.shape, self.num_components)
-        return lp.masked_fill(missing.unsqueeze(-1), 0.0)
+        lp = flat[rows.reshape(-1)].reshape(*x.shape, self.num_components).transpose(2, 3)
+        return lp.masked_fill(missing.unsqueeze(2), 0.0)
 
     def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
         missing, rows = self._rows(x)
-        r = resp.masked_fill(missing.unsqueeze(-1), 0.0)
+        r = resp.masked_fill(missing.unsqueeze(2), 0.0).transpose(2, 3)  # (L, m, batch, K)
         counts = torch.zeros(self.num_slots * self.num_levels, self.num_components, dtype=resp.dtype,
                              device=resp.device)
         counts.index_add_(0, rows.reshape(-1), r.reshape(-1, self.num_components))

@@ -5,8 +5,8 @@ over its variables, one *slot* per (variable, leaf region)); partitions are grou
 the height of their parent region; each layer is one :class:`EinsumLayer` followed by a
 :class:`MixingLayer` for regions with several partitions. The root region has one density.
 
-Region values are ``(batch, N, K)`` log-densities in nats; leaf regions come first, then the
-regions of each layer in order. Parameters live in plain tensors (no ``nn.Module``): the E-step
+Region values are ``(N, K, batch)`` log-densities in nats (batch last, see :mod:`.layers`);
+leaf regions come first, then the regions of each layer in order. Parameters live in plain tensors (no ``nn.Module``): the E-step
 differentiates the summed log-likelihood w.r.t. detached copies (EM statistics = weight x grad).
 """
 from __future__ import annotations
@@ -240,16 +240,16 @@ class EiNet:
         return t
 
     def _slot_values(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, n_vars)`` -> padded slot values ``(batch, L, m)`` (NaN on padding)."""
+        """``(batch, n_vars)`` -> padded slot values ``(L, m, batch)`` (NaN on padding)."""
         pad = torch.full((x.shape[0], 1), float("nan"), dtype=x.dtype, device=x.device)
-        return torch.cat([x, pad], 1)[:, self.slot_var]
+        return torch.cat([x, pad], 1).t().contiguous()[self.slot_var]
 
     def _forward(self, leaf_values: torch.Tensor, einsum_w: list[torch.Tensor], mixing_w: list[torch.Tensor],
                  keep: bool = False) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Upward pass from leaf-region log-densities ``(batch, L, K)`` to the root, ``(batch,)`` nats.
+        """Upward pass from leaf-region log-densities ``(L, K, batch)`` to the root, ``(batch,)`` nats.
 
-        With ``keep`` the region values ``(batch, N, K)`` and each layer's partition outputs are
-        returned for backtracking.
+        With ``keep`` the region values ``(N, K, batch)`` and each layer's partition outputs
+        ``(P, K_out, batch)`` are returned for backtracking.
         """
         values = leaf_values
         parts_out = []
@@ -260,8 +260,8 @@ class EiNet:
             if keep:
                 parts_out.append(parts)
             if i < last:
-                values = torch.cat([values, region], 1)
-        return region[:, 0, 0], {"values": values, "parts": parts_out}
+                values = torch.cat([values, region], 0)
+        return region[0, 0], {"values": values, "parts": parts_out}
 
     def log_likelihood(self, x: ArrayLike) -> torch.Tensor:
         """``log p(x)`` per row, ``(batch,)`` float64 nats; NaN entries are marginalised."""
@@ -352,13 +352,13 @@ class EiNet:
         with torch.no_grad():
             leaf_values = self.leaf.region_log_prob(self._slot_values(x))
             _, cache = self._forward(leaf_values, self.einsum_weights, self.mixing_weights, keep=True)
-            values = cache["values"]
+            values = cache["values"].permute(2, 0, 1)  # batch-first for the choices
             batch = x.shape[0]
             sel = torch.full((batch, self.num_regions), -1, dtype=torch.long, device=self.device)
             n_layers = len(self.einsum_layers)
             for i in reversed(range(n_layers)):
                 layer, mix = self.einsum_layers[i], self.mixing_layers[i]
-                parts = cache["parts"][i]
+                parts = cache["parts"][i].permute(2, 0, 1)
                 n_reg = mix.idx.shape[0]
                 if i == n_layers - 1:
                     k_reg = torch.zeros(batch, 1, dtype=torch.long, device=self.device)

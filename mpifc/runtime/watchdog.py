@@ -1,0 +1,87 @@
+"""Deadlines for blocking MPI waits: a watchdog thread cancels a wait that outlives its deadline.
+
+Polling an MPI request from Python is far slower than waiting inside MPI, above all on a busy
+node (MPI's own wait loop polls in C and yields the core cleverly). So the transport waits
+inside MPI (``Waitall``) and *arms* a guard with the requests and the deadline; one daemon
+thread per process looks at the armed guards every few tens of milliseconds and, once a
+deadline has passed, cancels the requests (``MPI_Cancel``, allowed from another thread under
+``MPI_THREAD_MULTIPLE``). The waiting thread then sees cancelled statuses and raises. Requests
+that cannot be cancelled (a matched send, a barrier) are escalated: after a grace period the
+watchdog prints the error and calls ``MPI_Abort``, so no job waits forever.
+
+Arming and disarming are one attribute store each: no lock on the message path.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+PERIOD_S = 0.02  # how often the watchdog looks: the precision of every deadline
+GRACE_S = 2.0    # after cancelling, how long before a still-blocked wait aborts the job
+
+_guards: "weakref.WeakSet[WaitGuard]" = weakref.WeakSet()
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+
+
+class WaitGuard:
+    """The armed wait of one transport: ``(requests, deadline_at, describe, state)`` or None.
+
+    ``state[0]`` is 0.0 until the watchdog cancels, then the ``perf_counter`` time it did.
+    """
+
+    __slots__ = ("armed", "rank", "__weakref__")
+
+    def __init__(self, rank: int) -> None:
+        self.armed: tuple[list[Any], float, Callable[[], str], list[float]] | None = None
+        self.rank = rank
+
+
+def new_guard(rank: int) -> WaitGuard:
+    """A guard watched by the process's watchdog thread (started on first use)."""
+    global _thread
+    g = WaitGuard(rank)
+    with _lock:
+        _guards.add(g)
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_watch, name="mpifc-deadline-watchdog", daemon=True)
+            _thread.start()
+    return g
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(PERIOD_S)
+        now = time.perf_counter()
+        for g in list(_guards):
+            armed = g.armed
+            if armed is None:
+                continue
+            reqs, deadline_at, describe, state = armed
+            if now < deadline_at:
+                continue
+            if state[0] == 0.0:
+                state[0] = now
+                for r in reqs:
+                    try:
+                        r.Cancel()
+                    except Exception:  # noqa: BLE001 - completed or not cancellable: escalate later
+                        pass
+            elif now - state[0] > GRACE_S and g.armed is armed:
+                _abort_stuck(g.rank, describe)
+
+
+def _abort_stuck(rank: int, describe: Callable[[], str]) -> None:
+    from mpi4py import MPI
+
+    try:
+        what = describe()
+    except Exception:  # noqa: BLE001
+        what = "a message"
+    sys.stderr.write(f"mpifc: rank {rank}: DeadlineExceeded: deadline passed waiting for {what} "
+                     f"(the wait could not be cancelled; aborting)\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
