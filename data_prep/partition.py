@@ -24,6 +24,7 @@ from mpifc.errors import UserError
 
 SETTINGS = ("central", "horizontal", "vertical", "hybrid")
 SPLITS = ("iid", "label", "dirichlet", "segment")
+DIRICHLET_DRAWS = 100  # proportion draws tried before a client is declared empty
 
 
 @dataclass(frozen=True)
@@ -317,10 +318,18 @@ def split_samples(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.nda
         info["class_owners"] = owners
         return (split_by_label(train_rows, labels[train_rows], owners, n, r_train),
                 split_by_label(test_rows, labels[test_rows], owners, n, r_test), info)
-    props = dirichlet_proportions(n_classes, n, spec.alpha, stage_rng(spec.seed, 5))
+    # Small alphas often leave a client empty; redraw (deterministically) as is customary,
+    # and give up with the usual empty-client error after DIRICHLET_DRAWS draws.
+    r_props = stage_rng(spec.seed, 5)
+    for draw in range(1, DIRICHLET_DRAWS + 1):
+        props = dirichlet_proportions(n_classes, n, spec.alpha, r_props)
+        train_parts = split_by_proportions(train_rows, labels[train_rows], props, r_train)
+        if all(p.size for p in train_parts):
+            break
     info["dirichlet_proportions"] = np.round(props, 6).tolist()
-    return (split_by_proportions(train_rows, labels[train_rows], props, r_train),
-            split_by_proportions(test_rows, labels[test_rows], props, r_test), info)
+    info["dirichlet_draws"] = draw
+    return (train_parts, split_by_proportions(test_rows, labels[test_rows], props, r_test),
+            info)
 
 
 def split_feature_sets(spec: PartitionSpec, features: list[str],

@@ -86,7 +86,7 @@ def evaluate(pred: Predicate, table: RawTable) -> np.ndarray:
             numbers = [float(v) for v in pred.values]
         except ValueError:
             raise UserError(f"--segment {pred.text!r}: {pred.column!r} is numeric; "
-                            f"{pred.values} is not a number") from None
+                            f"{','.join(pred.values)!r} is not a number") from None
         compare = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
                    ">": np.greater, ">=": np.greater_equal}
         if pred.op in ("in", "not in"):

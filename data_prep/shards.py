@@ -23,7 +23,7 @@ A shard directory ``DIR`` holds::
                        "encoding"?, "encoding_missing"?, "impute"?, "mean"?, "std"?}},
                        "missing": {name: {"train": count, "test": count}}},
      "partition": {those that apply: "class_owners", "dirichlet_proportions",
-                   "segments", "shared_features", "patches", "overlap"},
+                   "dirichlet_draws", "segments", "shared_features", "patches", "overlap"},
      "n_train": total train rows, "n_test": total test rows,
      "source": {"files": [...], "splits": {"train": [lo, hi), ...}}  (id ranges),
      "image": {"shape": [h, w], "levels": L, "range": [0, L - 1], "file_scale": s}

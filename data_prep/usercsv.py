@@ -17,6 +17,7 @@ matched by name; without one (and for NPY, a 2-D numeric array) they are taken i
 """
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -133,8 +134,8 @@ def load_user_table(name: str, data: Path) -> RawTable:
     missing = frozenset(schema.get("missing", ["", "?", "NA"]))
     with open(data, encoding="utf-8", newline="") as f:
         if schema.get("header", True):
-            first = f.readline()
-            order = [t.strip() for t in first.rstrip("\r\n").split(delimiter)]
+            header = next(csv.reader([f.readline()], delimiter=delimiter), [])
+            order = [t.strip() for t in header]
         else:
             order = [c["name"] for c in schema["columns"]]
         specs = _specs(schema, order, data, schema_file)

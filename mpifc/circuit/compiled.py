@@ -24,8 +24,11 @@ from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, MIN_FLOW, Leaf, Params
 from mpifc.circuit.semiring import MAX_PRODUCT, SUM_PRODUCT, Semiring, segment_argmax
 from mpifc.errors import UserError
 
-MAX_BUFFER_ELEMS = 1 << 24
-"""Rows are processed in chunks so that ``batch * n_nodes`` stays below this (memory bound)."""
+MAX_BUFFER_ELEMS = 1 << 21
+"""Rows are processed in chunks so that ``batch * n_nodes`` stays near this (16 MB in float64):
+large enough to amortise the per-layer Python overhead, small enough to stay cache-friendly."""
+
+MIN_CHUNK_ROWS = 1024
 
 
 @dataclass
@@ -146,6 +149,10 @@ class CompiledCircuit:
         self.groups: list[LeafGroup] = []
         nxt = 0
         leaves = [n for n in order if isinstance(n, LeafNode)]
+        for n in leaves:
+            if type(n.dist) not in LEAF_TYPES.values():
+                raise UserError(f"{n.name}: leaf type {type(n.dist).__name__} is not registered in "
+                                f"mpifc.circuit.leaves.LEAF_TYPES")
         for cls in LEAF_TYPES.values():
             mine = [n for n in leaves if type(n.dist) is cls]
             if not mine:
@@ -210,7 +217,7 @@ class CompiledCircuit:
         return t
 
     def _chunks(self, B: int) -> list[slice]:
-        step = max(1, MAX_BUFFER_ELEMS // max(1, self.n_nodes))
+        step = max(MIN_CHUNK_ROWS, MAX_BUFFER_ELEMS // max(1, self.n_nodes))
         return [slice(i, min(B, i + step)) for i in range(0, max(B, 1), step)] if B else []
 
     # ------------------------------------------------------------------ upward pass

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mpifc.circuit.graph import LeafNode, Node, ProductNode, SumNode, collapse, validate
+from mpifc.circuit.graph import LeafNode, Node, ProductNode, SumNode, collapse, topological_order, validate
 from mpifc.circuit.splitting import (
     clustering_features,
     split_columns_gtest,
@@ -61,6 +61,7 @@ class LearnSPNParams:
     min_var: float = 1e-4
     rdc_k: int = 10
     n_init: int = 3
+    cluster_first: bool = False
     leaf_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -168,6 +169,12 @@ class _LeafMaker:
                 self._breaks[j] = _global_breaks(x[:, j], info.meta[j], info.cards[j])
 
     def __call__(self, var: int, values: np.ndarray) -> LeafNode:
+        node = self._make(var, values)
+        # Rows behind the leaf: lets resmooth() re-derive counts from smoothed probabilities.
+        node.n_fit = len(values)  # type: ignore[attr-defined]
+        return node
+
+    def _make(self, var: int, values: np.ndarray) -> LeafNode:
         info, p, kind = self._info, self._p, self._kinds[var]
         hp = dict(p.leaf_kwargs)
         meta = info.meta[var]
@@ -239,7 +246,9 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
     meta = info.meta
 
     holder: list[Node] = []
-    queue: deque[_Slice] = deque([_Slice(np.arange(x.shape[0]), np.arange(x.shape[1]), holder.append)])
+    queue: deque[_Slice] = deque(
+        [_Slice(np.arange(x.shape[0]), np.arange(x.shape[1]), holder.append, skip_col_split=p.cluster_first)]
+    )
 
     def factorise(rows: np.ndarray, cols: np.ndarray, attach: Any) -> None:
         if len(cols) == 1:
@@ -298,6 +307,41 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
     return holder[0]
 
 
+def resmooth(root: Node, alpha: float) -> int:
+    """Change the Laplace smoothing of learned Bernoulli/Categorical leaves in place.
+
+    Exact: the leaf's slice size ``n_fit`` (recorded by the learner) and its smoothed
+    probabilities give back the raw counts, ``count = p (n + k alpha_old) - alpha_old``, which are
+    re-smoothed with ``alpha``. Tuning the smoothing then needs no new structure learning.
+    Rebuild the evaluator afterwards (``SPN(root)``).
+
+    Returns:
+        Number of leaves changed (leaves without ``n_fit`` are left alone).
+    """
+    from mpifc.circuit.leaves import Bernoulli, Categorical
+
+    if not alpha > 0:
+        raise UserError(f"resmooth: alpha must be > 0, got {alpha!r}")
+    changed = 0
+    for node in topological_order(root):
+        n = getattr(node, "n_fit", None)
+        if not isinstance(node, LeafNode) or n is None:
+            continue
+        prm = node.dist.params()
+        old = float(prm["alpha"])
+        if isinstance(node.dist, Bernoulli):
+            n1 = min(max(float(prm["p"]) * (n + 2 * old) - old, 0.0), float(n))
+            node.dist = Bernoulli((n1 + alpha) / (n + 2 * alpha), alpha)
+        elif isinstance(node.dist, Categorical):
+            probs = prm["probs"]
+            counts = np.maximum(probs * (n + len(probs) * old) - old, 0.0)
+            node.dist = Categorical((counts + alpha) / (counts + alpha).sum(), alpha)
+        else:
+            continue
+        changed += 1
+    return changed
+
+
 def _weighted_attach(parent: SumNode, weight: float) -> Any:
     """Attach function that adds a child to ``parent`` with mixture weight ``weight``."""
     return lambda child: parent.add_child(child, weight)
@@ -319,6 +363,7 @@ def learn_spn(
     min_var: float = 1e-4,
     rdc_k: int = 10,
     n_init: int = 3,
+    cluster_first: bool = False,
     leaf_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     """Learn an SPN/MSPN from complete data by LearnSPN.
@@ -341,6 +386,8 @@ def learn_spn(
         min_var: variance floor of Gaussian leaves.
         rdc_k: random features per column in the RDC.
         n_init: restarts of each clustering.
+        cluster_first: start with a row split at the root (MSPN's default) instead of a column
+            split (Gens & Domingos, SPFlow).
         leaf_kwargs: extra hyperparameters passed to every leaf's ``fit``.
 
     Returns:
@@ -362,6 +409,7 @@ def learn_spn(
         min_var=min_var,
         rdc_k=rdc_k,
         n_init=n_init,
+        cluster_first=cluster_first,
         leaf_kwargs=dict(leaf_kwargs or {}),
     )
     root = learn_structure(data, meta_types, params)

@@ -321,9 +321,10 @@ class Bernoulli(Leaf):
 
     @classmethod
     def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
-        p = P["p"].expand_as(x)
-        lp = torch.where(x == 1, _safe_log(p), torch.where(x == 0, _safe_log(1 - p), torch.full_like(x, LOG_ZERO)))
-        return _finish(lp, x)
+        # Logs on the (n,) parameters, not on the (batch, n) data: one pass over the batch.
+        lp1, lp0 = _safe_log(P["p"])[None, :], _safe_log(1 - P["p"])[None, :]
+        lp = torch.where(x == 1, lp1, torch.where(x == 0, lp0, LOG_ZERO))
+        return torch.where(torch.isnan(x), 0.0, lp)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
@@ -499,8 +500,8 @@ class Histogram(Leaf):
         br = P["breaks"].double().numpy()[idx]
         d = P["densities"].double().numpy()[idx]
         L = P["len_densities"].numpy()[idx]
-        wid = np.where(np.isfinite(br[:, 1:]), br[:, 1:] - br[:, :-1], 0.0) if br.shape[1] > 1 else br[:, :0]
-        wid = np.nan_to_num(wid, nan=0.0, posinf=0.0)
+        with np.errstate(invalid="ignore"):  # padding edges are inf; their widths become 0
+            wid = np.nan_to_num(br[:, 1:] - br[:, :-1], nan=0.0, posinf=0.0)
         cdf = np.cumsum(d * wid, axis=1)
         u = rng.random(len(idx)) * cdf[:, -1]
         j = np.minimum((cdf <= u[:, None]).sum(1), L - 1)

@@ -350,10 +350,11 @@ class RatSPN:
             chan = torch.stack([l, r], 2).reshape(B, 2 * k.shape[1])  # children 2f, 2f+1
         return rep, chan
 
-    def _fill(self, x: torch.Tensor, rep: torch.Tensor, chan: torch.Tensor, values: torch.Tensor | None) -> np.ndarray:
+    def _fill(self, x: torch.Tensor, rep: torch.Tensor, chan: torch.Tensor, values: torch.Tensor | None,
+              rng: np.random.Generator | None = None) -> np.ndarray:
         """Write leaf values of the induced tree into NaN entries of ``x``.
 
-        ``values``: ``(R*G*S*I,)`` per-leaf values (modes), or None to sample from ``self._rng``.
+        ``values``: ``(R*G*S*I,)`` per-leaf values (modes), or None to draw from the leaves with ``rng``.
         """
         R, Gn, S, I = self._shape
         B = x.shape[0]
@@ -369,7 +370,7 @@ class RatSPN:
         out = x.clone()
         cur = out[b, col]
         if values is None:
-            draw = torch.as_tensor(self.leaf_cls.batch_sample(self.P, leaf_id.numpy(), self._rng), dtype=self.dtype)
+            draw = torch.as_tensor(self.leaf_cls.batch_sample(self.P, leaf_id.numpy(), rng), dtype=self.dtype)
         else:
             draw = values[leaf_id]
         out[b, col] = torch.where(torch.isnan(cur), draw, cur)
@@ -393,11 +394,7 @@ class RatSPN:
             if ev.shape[0] != n:
                 raise UserError(f"sample: evidence has {ev.shape[0]} rows, n={n}")
         rep, chan = self._descend(ev, False, rng)
-        self._rng = rng
-        try:
-            return self._fill(ev, rep, chan, None)
-        finally:
-            del self._rng
+        return self._fill(ev, rep, chan, None, rng)
 
     # ------------------------------------------------------------------ EM
 

@@ -75,8 +75,7 @@ def read_fc(group: h5py.Group, load_models: bool | set[int] = True) -> Federated
         load_models: ``True`` for every leaf model, ``False`` for none, or a set of ranks: load
             only the models of leaves ψ places on those ranks (a client loads just its own).
     """
-    import mpifc.federated.factorized  # noqa: F401  (registers its loader)
-
+    _register_federated_models()
     if group.attrs.get("format") != FORMAT:
         raise UserError(f"{group.file.filename}: not a federated circuit file (format "
                         f"{group.attrs.get('format')!r})")
@@ -172,10 +171,15 @@ def model_from_bytes(data: np.ndarray) -> Any:
     """Inverse of :func:`model_to_bytes`."""
     import io
 
-    import mpifc.federated.factorized  # noqa: F401
-
+    _register_federated_models()
     with h5py.File(io.BytesIO(np.asarray(data, dtype=np.uint8).tobytes()), "r") as f:
         return load_model(f["model"])
+
+
+def _register_federated_models() -> None:
+    # The leaf types defined in this package register their loaders on import.
+    import mpifc.federated.factorized  # noqa: F401
+    import mpifc.federated.fcdt  # noqa: F401
 
 
 def _jsonable(o: Any) -> Any:

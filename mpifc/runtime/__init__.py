@@ -4,6 +4,9 @@ Modules (one reason to change each):
   kinds      registry of named message kinds and their payload classes (ids = MPI tags)
   wire       the typed header that precedes every payload
   transport  send/recv of arrays, tensors and small objects, with deadlines
+  watchdog   the thread that enforces deadlines of waits done inside MPI
+  bufpool    recycled buffers for large receives
+  atomic     atomic file writes (temp file + rename)
   ledger     one row per message; gathered to rank 0; CSV and per-link/phase summaries
   job        run_job(main): communicator, ledger, transport, roles, device, fail-fast
   actor      dispatch loop: handlers per message kind, clean shutdown
@@ -12,6 +15,7 @@ Modules (one reason to change each):
   launcher   detects an mpiexec that does not match mpi4py's MPI
   failure    error reporting and MPI_Abort
   info       the `mpifc info` job
+  ring_demo  a small demo job (ring of arrays + ledger table), run by launch/demo.sh
 
 Names below are imported lazily so ``import mpifc.runtime`` does not start MPI.
 """

@@ -57,6 +57,3 @@ def read_client_data(directory: str | Path, index: int) -> ClientData:
                              ids_digest(shard.ids_train))
     return ClientData(shard, decl)
 
-
-def test_ids_digest(ids: np.ndarray) -> str:
-    return ids_digest(ids)

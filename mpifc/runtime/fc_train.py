@@ -87,7 +87,6 @@ def warm_up(learners: set[str]) -> None:
 
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     t = ctx.transport
-    warm_up({cfg["learner"], *(cfg.get("client_learners") or {}).values()})
     times = dict.fromkeys(CLIENT_PHASES, 0.0)
     ctx.ledger.set_phase("declare")
     t0 = time.perf_counter()
@@ -98,6 +97,8 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
                 "n_categories": list(d.n_categories), "n_rows": d.n_rows, "ids_digest": d.ids_digest},
                0, P.DECLARE)
     plan: FederationPlan = t.recv_obj(0, P.PLAN)
+    # After the plan: bad input is caught before anyone pays for the heavy imports.
+    warm_up({task.learner for task in plan.tasks})
     ctx.ledger.set_phase("learn")
     t0 = time.perf_counter()
     report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
@@ -145,7 +146,6 @@ def _client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, report: Cli
 def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int], n_servers: int
             ) -> dict[str, Any]:
     t = ctx.transport
-    warm_up({cfg["learner"], *(cfg.get("client_learners") or {}).values()})
     busy: dict[str, float] = {}
     ctx.ledger.set_phase("declare")
     decls = []
@@ -169,6 +169,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
                             "same rows in the same order (vertical data with aligned ids)")
     for c in sorted(ranks):
         t.send_obj(client_plan(plan, c), ranks[c], P.PLAN)
+    warm_up({task.learner for task in plan.tasks})
     ctx.ledger.set_phase("learn")
     reports = []
     for c in sorted(ranks):

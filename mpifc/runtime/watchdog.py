@@ -28,7 +28,8 @@ _thread: threading.Thread | None = None
 
 
 class WaitGuard:
-    """The armed wait of one transport: ``(requests, deadline_at, describe, state)`` or None.
+    """The armed wait of one transport: ``(requests, deadline_at, deadline_s, describe, state)``
+    or None.
 
     ``state[0]`` is 0.0 until the watchdog cancels, then the ``perf_counter`` time it did.
     """
@@ -36,7 +37,7 @@ class WaitGuard:
     __slots__ = ("armed", "rank", "__weakref__")
 
     def __init__(self, rank: int) -> None:
-        self.armed: tuple[list[Any], float, Callable[[], str], list[float]] | None = None
+        self.armed: tuple[list[Any], float, float, Callable[[], str], list[float]] | None = None
         self.rank = rank
 
 
@@ -60,7 +61,7 @@ def _watch() -> None:
             armed = g.armed
             if armed is None:
                 continue
-            reqs, deadline_at, describe, state = armed
+            reqs, deadline_at, deadline_s, describe, state = armed
             if now < deadline_at:
                 continue
             if state[0] == 0.0:
@@ -71,17 +72,17 @@ def _watch() -> None:
                     except Exception:  # noqa: BLE001 - completed or not cancellable: escalate later
                         pass
             elif now - state[0] > GRACE_S and g.armed is armed:
-                _abort_stuck(g.rank, describe)
+                _abort_stuck(g.rank, deadline_s, describe)
 
 
-def _abort_stuck(rank: int, describe: Callable[[], str]) -> None:
+def _abort_stuck(rank: int, deadline_s: float, describe: Callable[[], str]) -> None:
     from mpi4py import MPI
 
     try:
         what = describe()
     except Exception:  # noqa: BLE001
         what = "a message"
-    sys.stderr.write(f"mpifc: rank {rank}: DeadlineExceeded: deadline passed waiting for {what} "
+    sys.stderr.write(f"mpifc: rank {rank}: DeadlineExceeded: deadline of {deadline_s:g} s passed waiting for {what} "
                      f"(the wait could not be cancelled; aborting)\n")
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(1)

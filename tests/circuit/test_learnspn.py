@@ -204,3 +204,20 @@ def test_bad_data_raises_user_error() -> None:
         learn_spn(np.array([[0.0, 0.5], [1.0, 1.0]]), ["discrete", "discrete"])
     with pytest.raises(UserError, match="2-D"):
         learn_spn(np.zeros(5), ["real"])
+
+
+def test_resmooth_equals_learning_with_that_alpha() -> None:
+    data = np.column_stack([_mixture_binary(800, 4, np.random.default_rng(9)),
+                            np.random.default_rng(10).integers(0, 3, size=800)])
+    meta = ["discrete"] * 4 + ["categorical"]
+    coarse = learn_spn(data, meta, min_instances_slice=60, threshold=0.1, alpha=1.0)
+    fine = learn_spn(data, meta, min_instances_slice=60, threshold=0.1, alpha=0.1)
+    root = coarse.root
+    assert L.resmooth(root, 0.1) == len([n for n in topological_order(root) if isinstance(n, LeafNode)])
+    got = [n.dist.params() for n in topological_order(root) if isinstance(n, LeafNode)]
+    want = [n.dist.params() for n in topological_order(fine.root) if isinstance(n, LeafNode)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in g:
+            assert np.allclose(g[k], w[k], rtol=0, atol=1e-12)

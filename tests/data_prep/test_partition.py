@@ -230,3 +230,15 @@ def test_every_train_cell_is_held_and_rows_are_consistent(setting, n_train, n_fe
         assert sum(len(r) for r in rows) == n_train, "hybrid clients hold disjoint samples"
         shared = set.intersection(*(set(c.features) for c in part.clients)) - {"y"}
         assert shared, "at least one feature on every client"
+
+
+def test_dirichlet_redraws_until_no_client_is_empty():
+    labels = np.random.default_rng(0).integers(0, 2, 60)
+    spec = P.PartitionSpec(setting="horizontal", n_clients=6, seed=1, split="dirichlet",
+                           alpha=0.1)
+    part = P.make_partition(spec, np.arange(50), np.arange(50, 60), ["a"], "y", labels=labels)
+    assert part.info["dirichlet_draws"] > 1, "alpha 0.1 over 2 classes leaves clients empty"
+    assert all(c.train_rows.size for c in part.clients)
+    again = P.make_partition(spec, np.arange(50), np.arange(50, 60), ["a"], "y", labels=labels)
+    assert [c.train_rows.tolist() for c in again.clients] == \
+        [c.train_rows.tolist() for c in part.clients]

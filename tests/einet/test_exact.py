@@ -66,7 +66,7 @@ def test_discretized_masses_sum_to_one_for_extreme_parameters():
     leaf.params["mean"] = torch.tensor([[-3.0, 4.0], [0.5, 0.001]], dtype=torch.float64)
     leaf.params["var"] = torch.tensor([[1e-3, 1e-3], [1e-3, 0.25]], dtype=torch.float64)
     levels = torch.arange(256, dtype=torch.float64)
-    x = torch.stack([levels, torch.full_like(levels, float("nan"))], 1).reshape(256, 1, 2)
-    lp = leaf.log_prob(x)[:, 0, 0, :]  # slot 0, both components
+    x = torch.stack([levels, torch.full_like(levels, float("nan"))], 0).reshape(1, 2, 256)  # (L, m, batch)
+    lp = leaf.log_prob(x)[0, 0]  # slot 0: (K, batch)
     assert torch.isfinite(lp).all()
-    assert torch.allclose(torch.logsumexp(lp, 0), torch.zeros(2, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(torch.logsumexp(lp, 1), torch.zeros(2, dtype=torch.float64), atol=1e-12)

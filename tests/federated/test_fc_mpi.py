@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
+from mpifc.federated.em import em_step
 from mpifc.federated.evaluate import log_likelihood
 from mpifc.federated.serialize import load_fc
 from mpifc.runtime.fc_eval import batches, evaluate_gathered, make_query
@@ -99,12 +100,24 @@ def data(tmp_path_factory):
     }
 
 
-def test_vertical_cooccurrence_end_to_end(data, tmp_path):
+def test_vertical_cooccurrence_em_end_to_end(data, tmp_path):
     shards = data["vertical"]
-    r, model, tledger, taudit = train(4, shards, tmp_path, "--glue", "cooccurrence", "--clusters", "3")
+    initial = tmp_path / "initial.h5"
+    r, model, tledger, taudit = train(4, shards, tmp_path, "--glue", "cooccurrence", "--clusters", "3",
+                                      "--refine", "em", "--em-iters", "3", "--em-initial-model", str(initial))
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
+    # Exact distributed EM == centralized EM (same initial structure, rows joined by aligned id).
+    fc0 = load_fc(initial)
+    x = real_table(240, 1)
+    ref = [em_step(fc0, {f: x[:, j] for j, f in enumerate(FEATURES)}) for _ in range(3)]
+    np.testing.assert_allclose(summary["em_train_ll"], ref, atol=1e-9, rtol=0)
+    got = load_fc(model)
+    assert np.abs(log_likelihood(got, real_table(40, 2)) - log_likelihood(fc0, real_table(40, 2))).max() < 1e-9
     trows = read_ledger(tledger)
+    flows = [x for x in trows if x["kind"] == "fc.em.flows"]
+    assert len(flows) == 3 * 3 and {x["payload_class"] for x in flows} == {"flow"}
+    assert sum(int(x["payload_bytes"]) for x in flows) == 3 * 8 * 240 * len(got.leaves)
     # Every training message goes to or from rank 0, which counts them: the summary is exact
     # (it is taken before the final "done" notices).
     assert summary["bytes_train"] == sum(int(x["total_bytes"]) for x in trows

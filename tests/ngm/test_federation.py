@@ -52,7 +52,7 @@ def clients(chain_model, chain_train):
 
 def test_global_model_distils_the_clients(clients, chain_test):
     models, _ = clients
-    glob, counts = distill_global(models, CHAIN_GRAPH, 800, hidden=(12, 12), config=GLOBAL)
+    glob, counts = distill_global(models, CHAIN_GRAPH, 800, hidden=(16, 16), config=GLOBAL)
     assert counts == [400, 400]
     assert glob.n_parameters() == models[0].n_parameters()  # size independent of the client count
     off, on = glob.path_norm_split()

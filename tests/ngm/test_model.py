@@ -79,7 +79,7 @@ def test_trained_paths_respect_the_graph(chain_model):
     for o, name in enumerate(CHAIN_SCHEMA.names):
         allowed = set(CHAIN_GRAPH.neighbours(name))
         assert CHAIN_SCHEMA.names[int(np.argmax(dep[o]))] in allowed
-        assert dep[o, o] < 0.01
+        assert dep[o, o] < 0.05
 
 
 def test_same_seed_same_model_and_no_nan(chain_train):

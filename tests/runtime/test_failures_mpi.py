@@ -11,9 +11,9 @@ pytestmark = pytest.mark.mpi
 PROG = "tests/runtime/progs/failing.py"
 
 
-def _run(args: list[str]) -> tuple[object, float]:
+def _run(args: list[str], n: int = 4) -> tuple[object, float]:
     t0 = time.monotonic()
-    r = run_mpi(4, [PROG, *args], timeout=30)
+    r = run_mpi(n, [PROG, *args], timeout=30)
     return r, time.monotonic() - t0
 
 
@@ -48,3 +48,22 @@ def test_console_entry_aborts_job_when_a_rank_raises():
     assert elapsed < 15, elapsed
     assert "mpifc: rank 3: RuntimeError: planted failure on purpose" in r.stderr
     assert r.stderr.count("mpifc: rank 3:") == 1, r.stderr  # reported once, not once per handler
+
+
+def test_send_nobody_receives_hits_the_deadline():
+    # MPICH cannot cancel a send whose envelope has reached the peer, so this usually ends
+    # through the watchdog's abort; either way the job ends and names peer and kind.
+    r, elapsed = _run(["sendstuck"], n=2)
+    assert r.returncode != 0
+    assert elapsed < 15, elapsed
+    assert ("mpifc: rank 0: DeadlineExceeded: deadline of 1 s passed waiting for rank 1 to receive a "
+            "'test.never' message (1048576 bytes) from rank 0") in r.stderr
+
+
+def test_wait_that_cannot_be_cancelled_is_aborted_by_the_watchdog():
+    r, elapsed = _run(["barrier"], n=2)
+    assert r.returncode != 0
+    assert elapsed < 15, elapsed
+    assert ("mpifc: rank 0: DeadlineExceeded: deadline of 1 s passed waiting for every rank to reach a barrier"
+            in r.stderr)
+    assert "could not be cancelled" in r.stderr

@@ -49,6 +49,22 @@ def test_receive_deadline_names_peer_and_kind():
         tr.recv(0, ARR)
 
 
+def test_receive_deadline_without_watchdog_polls_and_raises():
+    tr = make_transport(deadline=0.2)
+    tr._guard = None  # what a non-THREAD_MULTIPLE MPI gets: polling from Python
+    with pytest.raises(DeadlineExceeded, match=r"waiting for a 'test.self.array' message from rank 0"):
+        tr.recv(0, ARR)
+    p = tr.isend(np.arange(5.0), 0, ARR)
+    assert tr.recv(0, ARR).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]  # still usable for new messages
+    p.wait()
+
+
+def test_multi_kind_wait_polls_backs_off_and_hits_the_deadline():
+    tr = make_transport(deadline=0.3)  # > spin_s, so the sleeping back-off runs too
+    with pytest.raises(DeadlineExceeded, match=r"a 'test.self.array' or 'test.self.object' message from rank 0"):
+        tr.recv_any_kind([ARR, OBJ], sources=[0])
+
+
 def test_kinds_do_not_mix():
     tr = make_transport()
     p1 = tr.isend(np.arange(4), 0, ARR)

@@ -133,34 +133,40 @@ class GaussianLeaf(LeafFamily):
         lp = -0.5 * (xs - mean) ** 2 / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI
         return lp.masked_fill(missing, 0.0)
 
-    def _natural_params(self) -> torch.Tensor:
-        """``(L, 3m, K)``: coefficients of ``x^2``, ``x`` and 1 in the log-density."""
+    def _natural_params(self) -> list[torch.Tensor]:
+        """Coefficients ``(L, m, K)`` of ``x^2``, ``x`` and 1 in each slot's log-density."""
         mean, var = self._view("mean")[..., 0], self._view("var")[..., 0]
         a = -0.5 / var
         b = mean / var
         c = -0.5 * mean * mean / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI
-        return torch.cat([a, b, c], 1)
+        return [a, b, c]
 
     @staticmethod
-    def _features(x: torch.Tensor) -> torch.Tensor:
-        """``(L, m, batch)`` -> ``(L, 3m, batch)``: ``[x^2, x, observed]``, zero where NaN."""
+    def _exp_family_sum(x: torch.Tensor, theta: list[torch.Tensor]) -> torch.Tensor:
+        """``sum_i a x_i^2 + b x_i + c [x_i observed]`` per region: ``(L, m, batch)`` -> ``(L, K, batch)``.
+
+        The log-density is linear in the sufficient statistics, so the sum over a region's
+        slots is a batched matmul and no ``(L, m, K, batch)`` tensor is formed.
+        """
+        a, b, c = theta
         observed = ~torch.isnan(x)
         xs = torch.nan_to_num(x, nan=0.0)
-        return torch.cat([xs * xs, xs, observed.to(x.dtype)], 1)
+        out = torch.baddbmm(torch.bmm(b.transpose(1, 2), xs), a.transpose(1, 2), xs * xs)
+        if bool(observed.all()):
+            return out + c.sum(1).unsqueeze(-1)
+        return torch.baddbmm(out, c.transpose(1, 2), observed.to(x.dtype))
 
     def region_log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        # An exponential family: the sum over a region's slots is one batched matmul of the
-        # natural parameters with the sufficient statistics, with no (L, m, K, batch) tensor.
-        return torch.bmm(self._natural_params().transpose(1, 2), self._features(x))
+        return self._exp_family_sum(x, self._natural_params())
 
     def forward_for_em(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        theta = self._natural_params().detach().requires_grad_(True)
-        return torch.bmm(theta.transpose(1, 2), self._features(x)), [theta]
+        theta = [t.detach().requires_grad_(True) for t in self._natural_params()]
+        return self._exp_family_sum(x, theta), theta
 
     def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
                          grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         # d objective / d natural parameter = responsibility-weighted sufficient statistic.
-        s2, s1, n = grads[0].split(self.width, 1)
+        s2, s1, n = grads
         flat = (self.num_slots, self.num_components)
         return {"n": n.reshape(flat), "s1": s1.reshape(flat), "s2": s2.reshape(flat)}
 

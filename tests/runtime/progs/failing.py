@@ -4,6 +4,9 @@ Modes:
   raise     rank RANK raises ValueError while the others wait for it in a receive
   usererror rank RANK raises UserError (exit code 2)
   deadline  rank 0 waits (deadline 1 s) for a 'test.never' message that rank 1 never sends
+  sendstuck rank 0 sends 1 MiB (deadline 1 s) to rank 1, which never receives
+  barrier   rank 0 waits (deadline 1 s) in a barrier rank 1 never enters: not cancellable, so
+            the watchdog aborts the job
   cli       the mpifc console entry with `train` plugged to a handler that raises on rank RANK
 """
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+
+import numpy as np
 
 from mpifc.errors import UserError
 from mpifc.runtime.job import JobContext, run_job
@@ -39,6 +44,22 @@ def deadline_main(ctx: JobContext) -> int:
     return 0
 
 
+def sendstuck_main(ctx: JobContext) -> int:
+    if ctx.rank == 0:
+        ctx.transport.send(np.zeros(1 << 17), 1, NEVER)
+    else:
+        time.sleep(30)
+    return 0
+
+
+def barrier_main(ctx: JobContext) -> int:
+    if ctx.rank == 0:
+        ctx.transport.barrier()
+    else:
+        time.sleep(30)
+    return 0
+
+
 def train_main(args: argparse.Namespace) -> int:
     """A stand-in for a real `train` handler, plugged in the way the lead will plug in theirs."""
     return run_job(make_raiser(args.seed, RuntimeError), deadline=args.deadline)
@@ -53,6 +74,10 @@ if __name__ == "__main__":
         run_job(make_raiser(bad, UserError))
     elif mode == "deadline":
         run_job(deadline_main, deadline=1.0)
+    elif mode == "sendstuck":
+        run_job(sendstuck_main, deadline=1.0)
+    elif mode == "barrier":
+        run_job(barrier_main, deadline=1.0)
     elif mode == "cli":
         from mpifc import cli
 
