@@ -262,6 +262,7 @@ def plot_appendix_d(path: str | Path, sc: Scenario = PAPER,
                 bars[p.method][i] = (p.formula_bytes or 0) / MB
                 marks[p.method][i] = p.measured_bytes / MB
         width = 0.38
+        marked = False
         for j, meth in enumerate(methods):
             xs = [i + (j - 0.5) * width for i in range(len(labels))]
             ax.bar(xs, [b if b > 0 else float("nan") for b in bars[meth]], width,
@@ -269,7 +270,8 @@ def plot_appendix_d(path: str | Path, sc: Scenario = PAPER,
             pts = [(x, v) for x, v in zip(xs, marks[meth]) if v is not None]
             if pts:
                 ax.scatter([x for x, _ in pts], [v for _, v in pts], marker="x", s=70, color="black",
-                           zorder=3, label=f"{_NAMES[meth]} (measured)")
+                           zorder=3, label=None if marked else "measured (ledger)")
+                marked = True
         ax.set_yscale("log")
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, fontsize=8)

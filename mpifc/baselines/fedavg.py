@@ -72,6 +72,15 @@ class FedAvgConfig:
             raise UserError(f"--lr must be > 0, got {self.lr}")
 
 
+    def to_argv(self) -> list[str]:
+        """Arguments of ``python -m mpifc.baselines.fedavg`` for these settings (for launchers)."""
+        argv = [self.dir, "--rounds", str(self.rounds), "--local-epochs", str(self.local_epochs),
+                "--fraction", repr(self.fraction), "--batch-size", str(self.batch_size), "--lr", repr(self.lr),
+                "--hidden", ",".join(map(str, self.hidden)), "--seed", str(self.seed), "--dtype", self.dtype,
+                "--deadline", repr(self.deadline)]
+        return argv + (["--save-params", self.save_params] if self.save_params else [])
+
+
 def sampled_clients(n_clients: int, fraction: float, seed: int, round_index: int) -> list[int]:
     """Client indices taking part in a round: ``max(1, round(fraction * |C|))`` of them, drawn
     from ``(seed, round)`` alone so every rank agrees without a message."""
@@ -100,17 +109,6 @@ def weighted_average(params: list[np.ndarray], counts: list[int], dtype: np.dtyp
     for p, n in zip(params, counts):
         acc += p.astype(np.float64) * n
     return (acc / total).astype(dtype)
-
-
-def save_array(path: str, arr: np.ndarray) -> None:
-    """Write ``arr`` as ``.npy`` atomically."""
-    import io
-
-    from mpifc.runtime.atomic import atomic_write_bytes
-
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def client_ranks(n_clients: int) -> dict[int, int]:
@@ -182,6 +180,8 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
         theta = weighted_average(local, [counts[c] for c in chosen], theta.dtype)
     train_seconds = time.perf_counter() - t0
     if cfg.save_params:
+        from mpifc.baselines.report import save_array
+
         save_array(cfg.save_params, theta)
     set_flat(model, theta)
     test = test_xy(m)
@@ -203,32 +203,10 @@ def run(cfg: FedAvgConfig, ledger_csv: str | None = None, as_json: bool = False,
     ``on_result(result)`` if given.
     """
     from data_prep.shards import load_manifest
-    from mpifc.baselines.report import ledger_totals, print_result
-    from mpifc.runtime.job import run_job
+    from mpifc.baselines.report import run_baseline_job
 
     cfg.check()
-    m = load_manifest(cfg.dir)
-    holder: dict[str, Any] = {}
-
-    def job(ctx: Any) -> int:
-        res = fedavg_rank(ctx, cfg)
-        if res is not None:
-            holder["result"] = res
-        return 0
-
-    def on_ledger(table: Any) -> None:
-        res = holder.get("result", {})
-        tot = ledger_totals(table)
-        train = tot["phases"].get("train", {})
-        res.update(bytes_train=int(train.get("bytes", 0)), payload_bytes_train=int(train.get("payload_bytes", 0)),
-                   messages_train=int(train.get("messages", 0)), bytes_total=tot["bytes_total"],
-                   messages_total=tot["messages_total"], ledger=tot)
-        print_result(res, as_json)
-        if on_result is not None:
-            on_result(res)
-
-    return run_job(job, servers=1, min_clients=m.n_clients, deadline=cfg.deadline,
-                   ledger_csv=ledger_csv, on_ledger=on_ledger)
+    return run_baseline_job(fedavg_rank, cfg, load_manifest(cfg.dir).n_clients, ledger_csv, as_json, on_result)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,16 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def config_from_args(args: argparse.Namespace) -> FedAvgConfig:
+    """The :class:`FedAvgConfig` of parsed command-line arguments."""
     from mpifc.baselines.mlp import parse_hidden
 
+    return FedAvgConfig(dir=args.dir, rounds=args.rounds, local_epochs=args.local_epochs, fraction=args.fraction,
+                        batch_size=args.batch_size, lr=args.lr, hidden=parse_hidden(args.hidden), seed=args.seed,
+                        dtype=args.dtype, deadline=args.deadline, save_params=args.save_params)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = FedAvgConfig(dir=args.dir, rounds=args.rounds, local_epochs=args.local_epochs,
-                           fraction=args.fraction, batch_size=args.batch_size, lr=args.lr,
-                           hidden=parse_hidden(args.hidden), seed=args.seed, dtype=args.dtype,
-                           deadline=args.deadline, save_params=args.save_params)
-        return run(cfg, args.ledger, args.json)
+        return run(config_from_args(args), args.ledger, args.json)
     except UserError as e:
         from mpifc.runtime.failure import abort_job
 

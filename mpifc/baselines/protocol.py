@@ -33,12 +33,11 @@ FEDAVG_GLOBAL = register_kind("fedavg.global", "model_parameters",
                               "server -> client: global MLP parameters, flat (M,) float")
 FEDAVG_LOCAL = register_kind("fedavg.local", "model_parameters",
                              "client -> server: locally trained MLP parameters, flat (M,) float")
-FEDAVG_DONE = register_kind("fedavg.done", "control", "server -> client: training finished")
 
 # -- SplitNN ---------------------------------------------------------------------------------------
 SPLIT_DECLARE = register_kind("splitnn.declare", "feature_declaration",
-                              "client -> server: feature count, row counts, ids digests, label flag")
-SPLIT_PLAN = register_kind("splitnn.plan", "control", "server -> client: cut width, epochs, batch, seed")
+                              "client -> server: feature count, row counts, ids digests, whether it holds the target")
+SPLIT_PLAN = register_kind("splitnn.plan", "control", "server -> client: which client is the label owner")
 SPLIT_ACT = register_kind("splitnn.activation", "activation",
                           "client -> server: cut-layer activations of one batch, (B, F) float")
 SPLIT_GRAD = register_kind("splitnn.gradient", "gradient",
@@ -49,4 +48,3 @@ SPLIT_LOGIT_GRAD = register_kind("splitnn.logit_grad", "gradient",
                                  "label owner -> server: loss gradient w.r.t. the logits, (B, k) float")
 SPLIT_SCORES = register_kind("splitnn.scores", "control",
                              "label owner -> server: test accuracy and F1 (two floats)")
-SPLIT_DONE = register_kind("splitnn.done", "control", "server -> client: training finished")

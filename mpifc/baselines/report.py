@@ -3,12 +3,22 @@ payload class, plus the command-line options the baselines share."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from mpifc.runtime.kinds import kind_by_id
+
+
+def save_array(path: str, arr: np.ndarray) -> None:
+    """Write ``arr`` as ``.npy`` atomically."""
+    from mpifc.runtime.atomic import atomic_write_bytes
+
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def ledger_totals(table: Any) -> dict[str, Any]:
@@ -69,3 +79,38 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
     for k in keys:
         if k in result:
             print(f"{k:>16}: {result[k]}", flush=True)
+
+
+def run_baseline_job(rank_fn: Callable[[Any, Any], dict[str, Any] | None], cfg: Any, n_clients: int,
+                     ledger_csv: str | None = None, as_json: bool = False,
+                     on_result: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Run ``rank_fn(ctx, cfg)`` on every rank as one MPI job (server rank 0, ``n_clients``
+    client ranks); returns the exit code.
+
+    Rank 0 adds the ledger's figures to its result (``bytes_train``, ``payload_bytes_train``,
+    ``messages_train`` for phase ``train``, ``bytes_total``, ``messages_total`` and the full
+    breakdown under ``ledger``), prints it and hands it to ``on_result``.
+    """
+    from mpifc.runtime.job import run_job
+
+    holder: dict[str, Any] = {}
+
+    def job(ctx: Any) -> int:
+        res = rank_fn(ctx, cfg)
+        if res is not None:
+            holder["result"] = res
+        return 0
+
+    def on_ledger(table: Any) -> None:
+        res = holder.get("result", {})
+        tot = ledger_totals(table)
+        train = tot["phases"].get("train", {})
+        res.update(bytes_train=int(train.get("bytes", 0)), payload_bytes_train=int(train.get("payload_bytes", 0)),
+                   messages_train=int(train.get("messages", 0)), bytes_total=tot["bytes_total"],
+                   messages_total=tot["messages_total"], ledger=tot)
+        print_result(res, as_json)
+        if on_result is not None:
+            on_result(res)
+
+    return run_job(job, servers=1, min_clients=n_clients, deadline=cfg.deadline, ledger_csv=ledger_csv,
+                   on_ledger=on_ledger)

@@ -80,6 +80,15 @@ class SplitNNConfig:
             raise UserError(f"--lr must be > 0, got {self.lr}")
 
 
+    def to_argv(self) -> list[str]:
+        """Arguments of ``python -m mpifc.baselines.splitnn`` for these settings (for launchers)."""
+        argv = [self.dir, "--epochs", str(self.epochs), "--cut", str(self.cut), "--batch-size", str(self.batch_size),
+                "--lr", repr(self.lr), "--bottom-hidden", ",".join(map(str, self.bottom_hidden)),
+                "--top-hidden", ",".join(map(str, self.top_hidden)), "--seed", str(self.seed),
+                "--dtype", self.dtype, "--deadline", repr(self.deadline)]
+        return argv + (["--save-params", self.save_params] if self.save_params else [])
+
+
 def bottom_seed(seed: int, client: int) -> int:
     """Initialisation seed of client ``client``'s bottom MLP."""
     return seed * 1000 + 1 + client
@@ -199,7 +208,7 @@ def _client(ctx: Any, cfg: SplitNNConfig, manifest: Any, c: int) -> None:
         s = scores(test.y, logits.argmax(axis=1))
         t.send(np.array([s["accuracy"], s["f1"]]), 0, P.SPLIT_SCORES)
     if cfg.save_params:
-        from mpifc.baselines.fedavg import save_array
+        from mpifc.baselines.report import save_array
 
         save_array(f"{cfg.save_params}/bottom-{c}.npy", get_flat(bottom))
 
@@ -250,7 +259,7 @@ def _server(ctx: Any, cfg: SplitNNConfig, manifest: Any, ranks: dict[int, int]) 
         t.send(top(torch.cat(acts, dim=1)), ranks[owner], P.SPLIT_LOGITS)
     acc, f1 = t.recv(ranks[owner], P.SPLIT_SCORES).tolist()
     if cfg.save_params:
-        from mpifc.baselines.fedavg import save_array
+        from mpifc.baselines.report import save_array
 
         save_array(f"{cfg.save_params}/top.npy", get_flat(top))
     return {"method": "splitnn", "dataset": manifest.dataset, "setting": manifest.setting,
@@ -287,32 +296,10 @@ def run(cfg: SplitNNConfig, ledger_csv: str | None = None, as_json: bool = False
     ``on_result(result)`` if given.
     """
     from data_prep.shards import load_manifest
-    from mpifc.baselines.report import ledger_totals, print_result
-    from mpifc.runtime.job import run_job
+    from mpifc.baselines.report import run_baseline_job
 
     cfg.check()
-    m = load_manifest(cfg.dir)
-    holder: dict[str, Any] = {}
-
-    def job(ctx: Any) -> int:
-        res = splitnn_rank(ctx, cfg)
-        if res is not None:
-            holder["result"] = res
-        return 0
-
-    def on_ledger(table: Any) -> None:
-        res = holder.get("result", {})
-        tot = ledger_totals(table)
-        train = tot["phases"].get("train", {})
-        res.update(bytes_train=int(train.get("bytes", 0)), payload_bytes_train=int(train.get("payload_bytes", 0)),
-                   messages_train=int(train.get("messages", 0)), bytes_total=tot["bytes_total"],
-                   messages_total=tot["messages_total"], ledger=tot)
-        print_result(res, as_json)
-        if on_result is not None:
-            on_result(res)
-
-    return run_job(job, servers=1, min_clients=m.n_clients, deadline=cfg.deadline,
-                   ledger_csv=ledger_csv, on_ledger=on_ledger)
+    return run_baseline_job(splitnn_rank, cfg, load_manifest(cfg.dir).n_clients, ledger_csv, as_json, on_result)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -329,16 +316,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def config_from_args(args: argparse.Namespace) -> SplitNNConfig:
+    """The :class:`SplitNNConfig` of parsed command-line arguments."""
     from mpifc.baselines.mlp import parse_hidden
 
+    return SplitNNConfig(dir=args.dir, epochs=args.epochs, cut=args.cut, batch_size=args.batch_size, lr=args.lr,
+                         bottom_hidden=parse_hidden(args.bottom_hidden), top_hidden=parse_hidden(args.top_hidden),
+                         seed=args.seed, dtype=args.dtype, deadline=args.deadline, save_params=args.save_params)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = SplitNNConfig(dir=args.dir, epochs=args.epochs, cut=args.cut, batch_size=args.batch_size,
-                            lr=args.lr, bottom_hidden=parse_hidden(args.bottom_hidden),
-                            top_hidden=parse_hidden(args.top_hidden), seed=args.seed, dtype=args.dtype,
-                            deadline=args.deadline, save_params=args.save_params)
-        return run(cfg, args.ledger, args.json)
+        return run(config_from_args(args), args.ledger, args.json)
     except UserError as e:
         from mpifc.runtime.failure import abort_job
 

@@ -808,6 +808,7 @@ def fit_leaf(meta_type: Any, values: Any, weights: Any | None = None, leaf: str 
     if mt not in default:
         raise UserError(f"fit_leaf: unknown meta_type {meta_type!r} (known: {sorted(default)})")
     name = (leaf or default[mt]).lower()
+    name = {"piecewise": "piecewise_linear", "pwl": "piecewise_linear", "normal": "gaussian"}.get(name, name)
     if name not in LEAF_TYPES:
         raise UserError(f"fit_leaf: unknown leaf {name!r} (known: {sorted(LEAF_TYPES)})")
     if name == "histogram" and mt in ("discrete", "integer"):

@@ -94,10 +94,15 @@ class SPN:
         """Write the circuit into an open ``h5py.Group`` (layout in the module docstring)."""
         save_graph(self.root, group)
         group.attrs["model_type"] = self.model_type
+        group.attrs["dtype"] = str(self.circuit.dtype).replace("torch.", "")
 
     @classmethod
     def load(cls, group: Any) -> "SPN":
-        return cls(load_graph(group))
+        name = group.attrs.get("dtype", "float64")
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        if name not in ("float64", "float32"):
+            raise UserError(f"{group.file.filename}:{group.name}: unsupported dtype {name!r}")
+        return cls(load_graph(group), dtype=getattr(torch, name))
 
 
 def save_graph(root: G.Node, group: Any) -> None:

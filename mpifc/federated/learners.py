@@ -71,13 +71,31 @@ def _fit_learnspn(x: np.ndarray, meta_types: list[str], seed: int,
     return mod.learn_spn(x, meta, seed=seed, **_accepted(mod.learn_spn, hp))
 
 
-def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int,
-                n_categories: Sequence[int] | None = None, **hp: Any) -> Any:
+def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int, n_categories: Sequence[int] | None = None,
+                depth: int = 2, repetitions: int = 2, num_sums: int = 4, num_leaves: int = 4,
+                em_iters: int = 30, **_: Any) -> Any:
+    """A RAT-SPN fitted by batch EM (``em_iters`` full-batch steps from its seeded init)."""
     mod = _import("mpifc.circuit.ratspn", "ratspn")
-    fit = getattr(mod, "fit_ratspn", None) or getattr(mod, "learn_ratspn", None)
-    if fit is None:
-        raise UserError("learner 'ratspn': mpifc.circuit.ratspn has no fit_ratspn/learn_ratspn function")
-    return fit(x, meta_types, seed=seed, **_accepted(fit, hp))
+    d = x.shape[1]
+    if d < 2:
+        raise UserError(f"learner 'ratspn' needs at least 2 features per leaf PC, got {d}; "
+                        f"use --client-learner to give this client another learner")
+    real = [m == "real" for m in meta_types]
+    if any(real) and not all(real):
+        raise UserError("learner 'ratspn' needs one leaf type: all real or all binary features, got "
+                        f"{sorted(set(meta_types))}")
+    if all(real):
+        leaf = "gaussian"
+    elif all(int(k or 2) <= 2 for k in (n_categories or [2] * d)):
+        leaf = "bernoulli"
+    else:
+        raise UserError("learner 'ratspn' supports real or binary features here, not categorical ones")
+    depth = max(1, min(int(depth), int(np.log2(d))))
+    model = mod.RatSPN(d, depth=depth, repetitions=repetitions, num_sums=num_sums, num_leaves=num_leaves,
+                       leaf=leaf, seed=seed)
+    for _ in range(int(em_iters)):
+        model.apply_em(model.em_statistics(x))
+    return model
 
 
 def _fit_einet(x: np.ndarray, meta_types: list[str], seed: int,

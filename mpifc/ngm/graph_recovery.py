@@ -50,7 +50,7 @@ def expand_for_recovery(x: np.ndarray, schema: Schema) -> tuple[np.ndarray, np.n
     return z, np.asarray(owner, dtype=np.int64)[keep]
 
 
-def recover_graph(x: np.ndarray, schema: Schema, alpha: float = 0.05, tol: float = 1e-4,
+def recover_graph(x: np.ndarray, schema: Schema, alpha: float = 0.05, tol: float = 0.02,
                   max_iter: int = 200) -> DependencyGraph:
     """Sparse dependency graph of one client's data by the graphical lasso.
 
@@ -58,7 +58,9 @@ def recover_graph(x: np.ndarray, schema: Schema, alpha: float = 0.05, tol: float
         x: ``(n, d)`` data, no NaN.
         schema: the ``d`` features.
         alpha: l1 penalty of the graphical lasso on the correlation matrix; larger = sparser.
-        tol: an absolute partial correlation above ``tol`` counts as an edge.
+        tol: an absolute partial correlation above ``tol`` counts as an edge. Not 0: the lasso
+            shrinks true edges and leaves small compensating entries elsewhere (e.g. between
+            the ends of a chain), which are not dependencies.
         max_iter: graphical lasso iterations.
 
     Returns:

@@ -40,7 +40,7 @@ class TrainConfig:
 
     epochs: int = 50
     batch_size: int = 256
-    lr: float = 1e-2
+    lr: float = 2e-2
     lam: float = 1.0
     seed: int = 0
     public_weight: float = 1.0

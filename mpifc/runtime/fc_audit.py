@@ -19,12 +19,7 @@ from mpifc.runtime.kinds import as_kind
 
 
 class SendAudit:
-    """Per-rank send recorder.
-
-    Args:
-        rank: this rank.
-        raw_rows: ``(n, d)`` float64 rows this rank must never send (its shard), or ``None``.
-    """
+    """Per-rank send recorder; :meth:`protect` registers the rows this rank must never send."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank

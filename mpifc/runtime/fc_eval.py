@@ -59,8 +59,6 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     fc = load_fc(cfg["model"], load_models={ctx.rank})
     check_model_matches(fc, manifest, cfg["model"])
     fc.validate()  # ψ read from a file may have been edited: a leaf away from its data fails here
-    if ctx.rank not in fc.ranks():
-        return None
     query = make_query(fc)
     n = int(manifest.test["n"])
     # Vertical clients hold every test row (their features); horizontal and data_prep's hybrid
@@ -69,20 +67,23 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     evidence_from_querier = mode == "querier" or (mode == "auto" and manifest.setting != "vertical")
     client_at = {c.rank: c for c in fc.clients.values()}
     t = ctx.transport
-    ctx.ledger.set_phase("query-setup")
-    test = None
-    if ctx.rank == 0:
-        test = read_test(cfg["dir"])
-        if not evidence_from_querier:
-            want = ids_digest(test.ids)
-            for c in sorted(fc.clients.values(), key=lambda c: c.index):
-                got = t.recv_obj(c.rank, P.QUERY_DECLARE)
-                if got["n_test"] != n or got["ids_digest"] != want:
-                    raise UserError(f"client {c.index} (rank {c.rank}) holds {got['n_test']} test rows whose ids "
-                                    f"do not match {cfg['dir']}/test.h5 ({n} rows) in order")
+    test = read_test(cfg["dir"]) if ctx.rank == 0 else None
     own = None
     if ctx.rank in client_at and not evidence_from_querier:
         own = read_client(cfg["dir"], client_at[ctx.rank].index)
+    # Everyone has loaded its models and rows: from here on the clock measures queries only.
+    t.barrier()
+    if ctx.rank not in fc.ranks():
+        return None
+    ctx.ledger.set_phase("query-setup")
+    if ctx.rank == 0 and not evidence_from_querier:
+        want = ids_digest(test.ids)
+        for c in sorted(fc.clients.values(), key=lambda c: c.index):
+            got = t.recv_obj(c.rank, P.QUERY_DECLARE)
+            if got["n_test"] != n or got["ids_digest"] != want:
+                raise UserError(f"client {c.index} (rank {c.rank}) holds {got['n_test']} test rows whose ids "
+                                f"do not match {cfg['dir']}/test.h5 ({n} rows) in order")
+    if own is not None:
         t.send_obj({"n_test": int(own.x_test.shape[0]), "ids_digest": ids_digest(own.ids_test)}, 0, P.QUERY_DECLARE)
     ctx.ledger.set_phase("query")
     t_start = time.perf_counter()

@@ -378,7 +378,7 @@ class Transport:
         what = " or ".join(repr(k.name) for k in kinds)
         return f"a {what} message from {who}"
 
-    def _poll(self, test: Callable[[], bool], spin_s: float) -> bool:
+    def _poll(self, test: Callable[[], bool], spin_s: float, deadline: float | None = None) -> bool:
         """Call ``test`` until it is true (-> True) or the deadline passes (-> False).
 
         Spins for ``spin_s`` first (latency), yielding the core every few polls as MPICH's own
@@ -389,11 +389,11 @@ class Transport:
         if test():
             return True
         t0 = time.perf_counter()
-        deadline_at = t0 + self.deadline
+        deadline_at = t0 + (self.deadline if deadline is None else deadline)
         spin_until = t0 + spin_s
         sleep = 20e-6
         polls = 0
-        backing_off = False
+        backing_off = spin_s <= 0
         while not test():
             if backing_off:
                 time.sleep(sleep)
@@ -418,10 +418,24 @@ class Transport:
         if source != MPI.ANY_SOURCE:
             self._check_peer(source, "receive from")
         status = self._status
-        req = self.comm.Irecv([self._hbuf, len(self._hbuf), MPI.BYTE], source, kind.tag)
+        spec = [self._hbuf, len(self._hbuf), MPI.BYTE]
+        req = self.comm.Irecv(spec, source, kind.tag)
         if not req.Test(status):
             who = None if source == MPI.ANY_SOURCE else [source]
-            self._block([req], [status], lambda: self._waiting_for(who, [kind]))
+            describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
+            t0 = time.perf_counter()
+            if self._guard is None or not self._block([req], [status], describe, soft_s=self.spin_s):
+                # Long wait (or no watchdog): poll from Python with sleeps, for the rest of the
+                # deadline. A cancelled receive is posted again; nothing was lost.
+                if self._guard is not None:
+                    req = self.comm.Irecv(spec, source, kind.tag)
+                left = self.deadline - (time.perf_counter() - t0)
+                spin = 0.0 if self._guard is not None else self.spin_s  # MPI's wait did the spinning
+                if not self._poll(lambda: req.Test(status), spin, deadline=left):
+                    req.Cancel()
+                    req.Wait(status)
+                    if status.Is_cancelled():
+                        raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
         count, src = status.Get_count(MPI.BYTE), status.Get_source()
         value, flags = self._take_payload(count, src, kind, out)
         return (value, flags, src) if want_source else (value, flags)
@@ -510,25 +524,34 @@ class Transport:
         if not MPI.Request.Testall(reqs):
             self._block(reqs, [MPI.Status() for _ in reqs], describe)
 
-    def _block(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str]) -> None:
+    def _block(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str],
+               soft_s: float | None = None) -> bool:
         """Wait for all ``reqs`` (filling ``statuses``); DeadlineExceeded when the deadline passes.
 
         Waits inside MPI with the watchdog armed (see :mod:`mpifc.runtime.watchdog`); without
         MPI_THREAD_MULTIPLE it polls from Python instead and cancels at the deadline.
+
+        Returns:
+            True when done; False when ``soft_s`` passed first and the watchdog cancelled the
+            requests (only then: the caller goes on waiting in a gentler way).
         """
         guard = self._guard
         if guard is not None:
-            state = [0.0]
-            guard.armed = (reqs, time.perf_counter() + self.deadline, self.deadline, describe, state)
+            state = [False, False]
+            now = time.perf_counter()
+            soft_at = now + soft_s if soft_s is not None else float("inf")
+            guard.armed = (reqs, soft_at, now + self.deadline, self.deadline, describe, state)
             try:
                 MPI.Request.Waitall(reqs, statuses)
             finally:
                 guard.armed = None
-            if state[0] and any(st.Is_cancelled() for st in statuses):
-                raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
-            return
+            if any(st.Is_cancelled() for st in statuses):
+                if state[1] or soft_s is None:
+                    raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+                return False
+            return True
         if self._poll(lambda: MPI.Request.Testall(reqs, statuses), self.spin_s):
-            return
+            return True
         for r in reqs:
             try:
                 r.Cancel()
@@ -537,6 +560,7 @@ class Transport:
         # A request that completed while we cancelled is fine; anything else is the deadline.
         if not MPI.Request.Testall(reqs, statuses) or any(st.Is_cancelled() for st in statuses):
             raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+        return True
 
     @staticmethod
     def _as_array(value: np.ndarray, flags: int, kind: MessageKind | str) -> np.ndarray:

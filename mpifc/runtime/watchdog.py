@@ -9,6 +9,11 @@ deadline has passed, cancels the requests (``MPI_Cancel``, allowed from another 
 that cannot be cancelled (a matched send, a barrier) are escalated: after a grace period the
 watchdog prints the error and calls ``MPI_Abort``, so no job waits forever.
 
+A wait for a message header may also carry a *soft* limit: MPI's own wait busy-polls, which is
+right for a reply that comes within microseconds but wasteful when the peer computes for
+minutes on the same cores. At the soft limit the watchdog cancels the receive and the
+transport goes on waiting by polling from Python with sleeps.
+
 Arming and disarming are one attribute store each: no lock on the message path.
 """
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-PERIOD_S = 0.02  # how often the watchdog looks: the precision of every deadline
+PERIOD_S = 0.25  # how often the watchdog looks: the precision of deadlines and soft limits
 GRACE_S = 2.0    # after cancelling, how long before a still-blocked wait aborts the job
 
 _guards: "weakref.WeakSet[WaitGuard]" = weakref.WeakSet()
@@ -28,16 +33,19 @@ _thread: threading.Thread | None = None
 
 
 class WaitGuard:
-    """The armed wait of one transport: ``(requests, deadline_at, deadline_s, describe, state)``
-    or None.
+    """The armed wait of one transport, or None:
+    ``(requests, soft_at, deadline_at, deadline_s, describe, state)``.
 
-    ``state[0]`` is 0.0 until the watchdog cancels, then the ``perf_counter`` time it did.
+    At ``soft_at`` the watchdog cancels the requests and sets ``state[0]`` ("go back to polling
+    from Python": a long wait inside MPI would burn a core the computing ranks need); at
+    ``deadline_at`` it cancels and sets ``state[1]``; at ``deadline_at + GRACE_S`` a wait still
+    blocked aborts the job.
     """
 
     __slots__ = ("armed", "rank", "__weakref__")
 
     def __init__(self, rank: int) -> None:
-        self.armed: tuple[list[Any], float, float, Callable[[], str], list[float]] | None = None
+        self.armed: tuple[list[Any], float, float, float, Callable[[], str], list[bool]] | None = None
         self.rank = rank
 
 
@@ -53,6 +61,14 @@ def new_guard(rank: int) -> WaitGuard:
     return g
 
 
+def _cancel(reqs: list[Any]) -> None:
+    for r in reqs:
+        try:
+            r.Cancel()
+        except Exception:  # noqa: BLE001 - completed or not cancellable: escalation handles it
+            pass
+
+
 def _watch() -> None:
     while True:
         time.sleep(PERIOD_S)
@@ -61,18 +77,17 @@ def _watch() -> None:
             armed = g.armed
             if armed is None:
                 continue
-            reqs, deadline_at, deadline_s, describe, state = armed
-            if now < deadline_at:
-                continue
-            if state[0] == 0.0:
-                state[0] = now
-                for r in reqs:
-                    try:
-                        r.Cancel()
-                    except Exception:  # noqa: BLE001 - completed or not cancellable: escalate later
-                        pass
-            elif now - state[0] > GRACE_S and g.armed is armed:
-                _abort_stuck(g.rank, deadline_s, describe)
+            reqs, soft_at, deadline_at, deadline_s, describe, state = armed
+            if now >= deadline_at + GRACE_S:
+                if g.armed is armed:
+                    _abort_stuck(g.rank, deadline_s, describe)
+            elif now >= deadline_at:
+                if not state[1]:
+                    state[1] = True
+                    _cancel(reqs)
+            elif now >= soft_at and not state[0]:
+                state[0] = True
+                _cancel(reqs)
 
 
 def _abort_stuck(rank: int, deadline_s: float, describe: Callable[[], str]) -> None:

@@ -100,3 +100,12 @@ def test_no_pickle_in_files(tmp_path: Path) -> None:
                 if isinstance(obj, h5py.Dataset):
                     assert obj.dtype.kind in "fiu", obj.name
             f.visititems(check)
+
+
+def test_float32_spn_round_trip_keeps_dtype(tmp_path: Path) -> None:
+    spn = SPN(random_circuit((0, 1, 2), LEAF_KINDS[4], np.random.default_rng(5)), dtype=torch.float32)
+    save_model_file(spn, tmp_path / "m.h5")
+    back = load_model_file(tmp_path / "m.h5")
+    x = _probe(3, 4)
+    assert back.log_likelihood(x).dtype == torch.float32
+    assert torch.equal(back.log_likelihood(x), spn.log_likelihood(x))

@@ -153,13 +153,12 @@ def test_deep_structure_uses_queue_not_recursion(monkeypatch: pytest.MonkeyPatch
         return labels
 
     monkeypatch.setattr(L, "split_rows", peel)
-    rng = np.random.default_rng(7)
-    z = rng.normal(size=1200)
-    data = np.column_stack([z, z + 0.01 * rng.normal(size=1200)])
+    z = (np.arange(1200) % 2).astype(np.float64)
+    data = np.column_stack([z, z])  # one dependent pair: every level is a row split
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(400)  # far below the tree depth
     try:
-        root = L.learn_structure(data, ["real", "real"], L.LearnSPNParams(min_instances_slice=2))
+        root = L.learn_structure(data, ["discrete", "discrete"], L.LearnSPNParams(min_instances_slice=2))
     finally:
         sys.setrecursionlimit(old)
     validate(root)
@@ -221,3 +220,14 @@ def test_resmooth_equals_learning_with_that_alpha() -> None:
         assert g.keys() == w.keys()
         for k in g:
             assert np.allclose(g[k], w[k], rtol=0, atol=1e-12)
+
+
+def test_cluster_first_starts_with_a_row_split() -> None:
+    rng = np.random.default_rng(11)
+    a, b = _mixture_binary(1000, 3, rng), _mixture_binary(1000, 3, rng)  # independent blocks
+    data = np.column_stack([a, b])
+    col_first = learn_spn(data, ["discrete"] * 6, min_instances_slice=100, col_split="gtest")
+    row_first = learn_spn(data, ["discrete"] * 6, min_instances_slice=100, col_split="gtest", cluster_first=True)
+    assert isinstance(col_first.root, ProductNode)
+    assert sorted(c.scope for c in col_first.root.children) == [(0, 1, 2), (3, 4, 5)]
+    assert isinstance(row_first.root, SumNode)

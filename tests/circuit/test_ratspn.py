@@ -179,3 +179,16 @@ def test_bad_configuration_is_a_user_error(kwargs: dict, msg: str) -> None:
         RatSPN(**kwargs)
     with pytest.raises(UserError, match="expected shape"):
         RatSPN(4, depth=1).log_likelihood(np.zeros((2, 5)))
+
+
+def test_online_em_improves_and_stays_finite() -> None:
+    from mpifc.circuit.em import online_em
+
+    m = RatSPN(8, depth=2, repetitions=2, num_sums=3, num_leaves=3, seed=13)
+    x = _data("gaussian", 400, 8, 14, nan=True)
+    before = float(m.log_likelihood(x).mean())
+    hist = online_em(m, x, batch_size=50, n_epochs=2, step_size=0.3, rng=0)
+    assert len(hist) == 16 and np.all(np.isfinite(hist))
+    assert float(m.log_likelihood(x).mean()) > before
+    for W in m.weights:
+        torch.testing.assert_close(W.sum(-1), torch.ones_like(W.sum(-1)), rtol=0, atol=1e-12)

@@ -264,3 +264,16 @@ def test_unknown_learner_is_a_user_error():
 
     with pytest.raises(UserError, match="unknown learner 'nope'"):
         fit_leaf("nope", np.zeros((3, 1)), ["real"], 0)
+
+
+def test_fedpc_with_ratspn_leaves_sums_to_one():
+    pytest.importorskip("mpifc.circuit.ratspn")
+    x = binary_table(300, seed=7)
+    shards = split(x, "horizontal")  # RAT-SPN needs >= 2 features per leaf PC
+    b = OnePassBuilder(n_clusters=2, n_products=3, seed=1, learner="ratspn",
+                       hyperparameters={"em_iters": 5})
+    fc = build_single_process(b, [(d, xi) for d, xi, _ in shards], FEATURES, "y", "horizontal")
+    assign(fc, "flat")
+    assert {n.leaf.learner for n in fc.leaves} == {"ratspn"}
+    total = np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum()
+    assert abs(total - 1.0) < 1e-9

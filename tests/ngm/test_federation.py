@@ -15,9 +15,9 @@ from mpifc.ngm.training import TrainConfig, fit_ngm
 
 from .conftest import CHAIN_GRAPH, CHAIN_SCHEMA, chain_data
 
-TINY = TrainConfig(epochs=12, batch_size=32, lr=1e-2, lam=1.0, seed=0, calib_rows=300,
+TINY = TrainConfig(epochs=12, batch_size=32, lam=1.0, seed=0, calib_rows=300,
                    inference=InferenceSettings(steps=20))
-GLOBAL = TrainConfig(epochs=16, batch_size=64, lr=1e-2, lam=1.0, seed=0, calib_rows=300,
+GLOBAL = TrainConfig(epochs=16, batch_size=64, lam=1.0, seed=0, calib_rows=300,
                      inference=InferenceSettings(steps=20))
 
 
