@@ -43,9 +43,10 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "info": Command("MPI library, ranks, devices and package versions", "mpifc.runtime.info:info_main",
                     "mpifc.cli:add_job_arguments"),
-    "train": Command("train a federated circuit", "mpifc.cli:not_yet_available", "mpifc.cli:add_train_arguments"),
-    "evaluate": Command("evaluate a trained federated circuit", "mpifc.cli:not_yet_available",
-                        "mpifc.cli:add_evaluate_arguments"),
+    "train": Command("train a federated circuit", "mpifc.runtime.fc_job:train_main",
+                     "mpifc.runtime.fc_job:add_train_arguments"),
+    "evaluate": Command("evaluate a trained federated circuit", "mpifc.runtime.fc_job:evaluate_main",
+                        "mpifc.runtime.fc_job:add_evaluate_arguments"),
     "bench": Command("run a benchmark from launch/bench/", "mpifc.cli:bench_main", "mpifc.cli:add_bench_arguments"),
     "experiment": Command("run a paper experiment", "mpifc.cli:not_yet_available",
                           "mpifc.cli:add_experiment_arguments"),

@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import KMeans
 from sklearn.mixture import GaussianMixture
 from threadpoolctl import ThreadpoolController
@@ -20,15 +18,29 @@ from mpifc.circuit.rdc import RDC_K, gtest_pvalues, rdc_matrix
 
 
 def dependency_components(dependent: np.ndarray) -> list[np.ndarray]:
-    """Connected components of a boolean ``(d, d)`` dependency graph.
+    """Connected components of a boolean ``(d, d)`` dependency graph (breadth-first search).
 
     Returns:
-        Lists of local column indices, ordered by their smallest member (deterministic).
+        Arrays of local column indices, ordered by their smallest member (deterministic).
     """
-    d = dependent.shape[0]
-    n_comp, labels = connected_components(csr_matrix(dependent.astype(np.int8)), directed=False)
-    groups = [np.flatnonzero(labels == c) for c in range(n_comp)]
-    return sorted(groups, key=lambda g: int(g[0])) if d else []
+    dep = np.asarray(dependent, dtype=bool)
+    dep = dep | dep.T
+    d = dep.shape[0]
+    assigned = np.zeros(d, dtype=bool)
+    groups = []
+    for start in range(d):
+        if assigned[start]:
+            continue
+        members = np.zeros(d, dtype=bool)
+        members[start] = True
+        frontier = np.array([start])
+        while frontier.size:
+            new = dep[frontier].any(0) & ~members
+            members |= new
+            frontier = np.flatnonzero(new)
+        assigned |= members
+        groups.append(np.flatnonzero(members))
+    return groups
 
 
 def split_columns_rdc(

@@ -107,3 +107,22 @@ def test_row_split_finds_two_separated_clusters(method: str) -> None:
 def test_row_split_of_identical_rows_is_one_cluster() -> None:
     labels = split_rows(np.ones((50, 3)), "kmeans", 2, seed=0)
     assert np.all(labels == 0)
+
+
+def test_dependency_components_match_scipy() -> None:
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    from mpifc.circuit.splitting import dependency_components
+
+    rng = np.random.default_rng(9)
+    for _ in range(5):
+        adj = rng.random((40, 40)) < 0.03
+        adj = adj | adj.T
+        np.fill_diagonal(adj, True)
+        groups = dependency_components(adj)
+        _, labels = connected_components(csr_matrix(adj), directed=False)
+        assert sorted(np.concatenate(groups).tolist()) == list(range(40))
+        for g in groups:
+            assert len(set(labels[g])) == 1 and np.sum(labels == labels[g[0]]) == len(g)
+        assert [int(g[0]) for g in groups] == sorted(int(g[0]) for g in groups)

@@ -11,7 +11,7 @@ from mpifc.ngm.model import NGM
 from mpifc.ngm.schema import Schema, categorical, real
 from mpifc.ngm.training import TrainConfig, fit_ngm, train
 
-from .conftest import CHAIN_GRAPH, CHAIN_SCHEMA, SMALL
+from .conftest import CHAIN_GRAPH, CHAIN_SCHEMA
 
 
 def graph_respecting_model(schema: Schema, graph: DependencyGraph, per_feature: int = 3, seed: int = 0) -> NGM:

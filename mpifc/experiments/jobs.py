@@ -1,0 +1,186 @@
+"""The steps experiments are made of: shards, FedPC/FC[DT] training, evaluation, baselines.
+
+MPI work goes through :class:`~mpifc.experiments.launcher.Launcher` (``mpifc.runtime.fc_job``,
+``mpifc.baselines.fedavg``, ``mpifc.baselines.splitnn``); single-process work (centralized
+LearnSPN, gathered evaluation, gradient boosting) runs in this process, so its timings are not
+inflated by launching ranks.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpifc.experiments.launcher import Launcher
+
+FC_JOB = "mpifc.runtime.fc_job"
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """What :func:`data_prep.prepare` is asked for; equal specs share one shard directory."""
+
+    dataset: str
+    setting: str
+    clients: int
+    seed: int
+    split: str = "iid"
+    max_rows: int | None = None
+    label_owner: str | int | None = None
+
+    def dirname(self) -> str:
+        owner = "" if self.label_owner is None else f"-lo{self.label_owner}"
+        rows = "all" if self.max_rows is None else str(self.max_rows)
+        return (f"{self.dataset.replace(':', '_')}-{self.setting}{self.clients}-{self.split}{owner}"
+                f"-rows{rows}-seed{self.seed}")
+
+
+class ShardCache:
+    """Shard directories under one root, prepared on first use and reused afterwards.
+
+    ``data_prep.write_shards`` renames a complete directory into place, so a directory with a
+    manifest is whole; tests point several experiments at one root to prepare data once.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def get(self, spec: ShardSpec) -> Path:
+        from data_prep import prepare, write_shards
+
+        d = self.root / spec.dirname()
+        if not (d / "manifest.json").exists():
+            kw: dict[str, Any] = {}
+            if spec.label_owner is not None:
+                kw["label_owner"] = spec.label_owner
+            write_shards(prepare(dataset=spec.dataset, setting=spec.setting, clients=spec.clients,
+                                 seed=spec.seed, split=spec.split, max_rows=spec.max_rows, **kw), d)
+        return d
+
+
+def n_clients(shards: Path) -> int:
+    from data_prep.shards import load_manifest
+
+    return load_manifest(shards).n_clients
+
+
+def train_fc(launcher: Launcher, shards: Path, model: Path, *, learner: str = "learnspn", glue: str = "random",
+             clusters: int = 2, products: int = 4, seed: int = 0, hp: dict[str, Any] | None = None,
+             assign: str = "flat", servers: int = 0, ledger: Path | None = None, extra_ranks: int = 0,
+             timeout: float | None = None) -> dict[str, Any]:
+    """One-pass training as an MPI job (1 + servers + clients ranks); returns its JSON summary.
+
+    ``hp`` holds LearnSPN's ``threshold`` / ``min_instances_slice`` and any other learner
+    hyperparameter (passed as ``--hp KEY=VALUE``).
+    """
+    args = ["train", str(shards), "--learner", learner, "--glue", glue, "--clusters", str(clusters),
+            "--products", str(products), "--seed", str(seed), "--model", str(model), "--json",
+            "--assign", assign]
+    if assign == "tree":
+        args += ["--servers", str(servers)]
+    if ledger is not None:
+        args += ["--ledger", str(ledger)]
+    for k, v in (hp or {}).items():
+        if k == "threshold":
+            args += ["--threshold", str(v)]
+        elif k == "min_instances_slice":
+            args += ["--min-instances-slice", str(v)]
+        else:
+            args += ["--hp", f"{k}={v}"]
+    ranks = 1 + (servers if assign == "tree" else 0) + n_clients(shards) + extra_ranks
+    model.parent.mkdir(parents=True, exist_ok=True)
+    summary = launcher.run_module(ranks, FC_JOB, args, timeout)
+    summary["ranks"] = ranks
+    return summary
+
+
+def evaluate_fc(shards: Path, model: Path, npz: Path | None = None) -> dict[str, Any]:
+    """Gathered single-process evaluation: test LL (nats/sample), accuracy and macro F1.
+
+    The runtime reports binary F1 for two classes; the baselines and the paper's Table 7 use
+    macro F1, so it is recomputed here from the per-class log-joints (kept as ``f1_binary``).
+    """
+    from data_prep.shards import load_manifest, read_test
+    from mpifc.runtime.fc_eval import evaluate_gathered
+
+    tmp = npz or model.with_suffix(".eval.npz")
+    out = evaluate_gathered({"dir": str(shards), "model": str(model), "batch": 10_000, "output_npz": str(tmp)})
+    m = load_manifest(shards)
+    if out.get("accuracy") is not None and m.target is not None:
+        from sklearn.metrics import f1_score
+
+        test = read_test(shards)
+        y = test.x[:, test.features.index(m.target)].astype(np.int64)
+        joint = np.load(tmp)["joint"]
+        out["f1_binary"] = out.get("f1")
+        out["f1"] = float(f1_score(y, np.argmax(joint, axis=1), average="macro", zero_division=0))
+    if npz is None:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def central_learnspn(central_shards: Path, threshold: float, min_instances_slice: int, seed: int
+                     ) -> dict[str, Any]:
+    """Centralized LearnSPN on the one-client shards, timed in this process.
+
+    Returns:
+        ``seconds`` (structure learning + parameters), ``test_ll`` (mean nats per test row over
+        every column, the target included, as FedPC's), ``rows``.
+    """
+    from data_prep.shards import load_manifest, read_client, read_test
+    from mpifc.circuit.learnspn import learn_spn
+
+    m = load_manifest(central_shards)
+    shard = read_client(central_shards, 0)
+    order = m.feature_order
+    x = shard.x_train[:, [shard.features.index(f) for f in order]]
+    import torch  # noqa: F401 - imported before the clock starts, as fc_train's warm_up does
+
+    t0 = time.perf_counter()
+    spn = learn_spn(x, m.meta_types(order), threshold=threshold, min_instances_slice=min_instances_slice, seed=seed)
+    seconds = time.perf_counter() - t0
+    test = read_test(central_shards)
+    ll = np.asarray(spn.log_likelihood(test.x[:, [test.features.index(f) for f in order]]), dtype=np.float64)
+    return {"seconds": seconds, "test_ll": float(ll.mean()), "rows": int(x.shape[0]),
+            "test_rows": int(test.x.shape[0])}
+
+
+def run_fedavg(launcher: Launcher, shards: Path, seed: int, rounds: int, local_epochs: int = 1,
+               hidden: str = "64,32", lr: float = 0.1, batch_size: int = 32, ledger: Path | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
+    """FedAvg-MLP as an MPI job (1 + clients ranks); returns its JSON result."""
+    args = [str(shards), "--seed", str(seed), "--rounds", str(rounds), "--local-epochs", str(local_epochs),
+            "--hidden", hidden, "--lr", str(lr), "--batch-size", str(batch_size), "--json"]
+    if ledger is not None:
+        args += ["--ledger", str(ledger)]
+    res = launcher.run_module(1 + n_clients(shards), "mpifc.baselines.fedavg", args, timeout)
+    res.pop("ledger", None)
+    return res
+
+
+def run_splitnn(launcher: Launcher, shards: Path, seed: int, epochs: int, cut: int = 8, lr: float = 0.1,
+                batch_size: int = 32, ledger: Path | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """SplitNN-MLP as an MPI job (1 + clients ranks); returns its JSON result."""
+    args = [str(shards), "--seed", str(seed), "--epochs", str(epochs), "--cut", str(cut), "--lr", str(lr),
+            "--batch-size", str(batch_size), "--json"]
+    if ledger is not None:
+        args += ["--ledger", str(ledger)]
+    res = launcher.run_module(1 + n_clients(shards), "mpifc.baselines.splitnn", args, timeout)
+    res.pop("ledger", None)
+    return res
+
+
+def central_hgb(shards: Path, seed: int) -> dict[str, Any]:
+    """Centralized HistGradientBoosting on the joined shards (the ceiling), in this process."""
+    from mpifc.baselines.central import run_central
+
+    return run_central(str(shards), "hgb", seed)
+
+
+def finite(*values: Any) -> bool:
+    """All values are real finite numbers."""
+    return all(isinstance(v, (int, float)) and math.isfinite(float(v)) for v in values)

@@ -1,0 +1,136 @@
+"""``mpifc experiment NAME``: flags and handler (wired into :mod:`mpifc.cli` by the lead).
+
+Until then: ``python -m mpifc.experiments NAME --out results/NAME --seeds 0-4 [--quick]``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from mpifc.errors import UserError
+
+KNOWN_DATASETS = ("breast-cancer", "adult", "credit", "mnist")
+KNOWN_SETTINGS = ("horizontal", "vertical", "hybrid")
+
+
+def parse_int_list(spec: str, what: str) -> list[int]:
+    """``"0-4"``, ``"0,2,5"`` or ``"0-2,7"`` -> sorted distinct ints >= 0.
+
+    Raises:
+        UserError: naming ``what`` and the bad part.
+    """
+    out: set[int] = set()
+    text = str(spec).strip()
+    if not text:
+        raise UserError(f"{what}: empty list")
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise UserError(f"{what} {spec!r}: {part!r} is not N or N-M") from None
+        if a < 0 or b < a:
+            raise UserError(f"{what} {spec!r}: {part!r} is not a range of non-negative integers (N-M, N <= M)")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def parse_names(spec: str | None, known: Sequence[str], what: str) -> list[str] | None:
+    """Comma-separated names, each one of ``known`` (``None`` when not given)."""
+    if spec is None:
+        return None
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [s for s in items if s not in known]
+    if bad or not items:
+        raise UserError(f"{what}: unknown {', '.join(map(repr, bad)) or 'empty list'}; known: {', '.join(known)}")
+    return items
+
+
+def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``mpifc experiment`` (``--config`` is added by the CLI itself)."""
+    p.add_argument("name", nargs="?", help="experiment: table1, table7, commcost, scaling, decentralization")
+    p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    p.add_argument("--out", metavar="DIR", help="result folder (default results/NAME)")
+    p.add_argument("--seeds", default=None, metavar="SPEC",
+                   help="seeds as ranges and lists, e.g. 0-4 or 0,2,5 (default 0-4; --quick: 0)")
+    p.add_argument("--quick", action="store_true", help="reduced version (small data, few ranks), for tests")
+    p.add_argument("--datasets", default=None, metavar="LIST", help=f"comma-separated subset of {','.join(KNOWN_DATASETS)}")
+    p.add_argument("--settings", default=None, metavar="LIST", help=f"comma-separated subset of {','.join(KNOWN_SETTINGS)}")
+    p.add_argument("--ranks", default=None, metavar="LIST", help="rank counts of the scaling sweep, e.g. 2,4,8,16,32")
+    p.add_argument("--max-rows", type=int, default=None, metavar="N", help="subsample each dataset to N rows")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds before one MPI job is killed")
+    p.add_argument("--shards", default=None, metavar="DIR", help="shard cache folder (default OUT/shards)")
+    p.add_argument("--assign", default=None, choices=("flat", "tree"), help="scaling: ψ strategy")
+    p.add_argument("--servers", type=int, default=None, metavar="S", help="scaling: intermediate servers of --assign tree")
+    p.add_argument("--parts", default=None, metavar="LIST", help="decentralization: parts to run")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword options an experiment's ``run`` receives (validated)."""
+    opts: dict[str, Any] = {"progress": not getattr(args, "no_progress", False)}
+    ds = parse_names(getattr(args, "datasets", None), KNOWN_DATASETS, "--datasets")
+    if ds:
+        opts["datasets"] = ds
+    st = parse_names(getattr(args, "settings", None), KNOWN_SETTINGS, "--settings")
+    if st:
+        opts["settings"] = st
+    if getattr(args, "ranks", None):
+        ranks = parse_int_list(args.ranks, "--ranks")
+        if min(ranks) < 2:
+            raise UserError(f"--ranks {args.ranks!r}: every rank count must be >= 2 (a server and a client)")
+        opts["ranks"] = ranks
+    for key in ("max_rows", "timeout", "shards", "assign", "servers"):
+        v = getattr(args, key, None)
+        if v is not None:
+            opts[key] = v
+    if opts.get("max_rows") is not None and opts["max_rows"] < 10:
+        raise UserError(f"--max-rows must be >= 10, got {opts['max_rows']}")
+    if getattr(args, "parts", None):
+        opts["parts"] = [s.strip() for s in args.parts.split(",") if s.strip()]
+    return opts
+
+
+def experiment_main(args: argparse.Namespace) -> int:
+    """Handler of ``mpifc experiment``; returns the exit code (2 on bad input, via UserError)."""
+    from mpifc.experiments import registry
+
+    if getattr(args, "list", False) or not getattr(args, "name", None):
+        if not getattr(args, "list", False):
+            raise UserError(f"experiment name missing; known: {', '.join(registry.names())}")
+        for name in registry.names():
+            print(f"{name:>18}  {registry.get(name).help}")
+        return 0
+    exp = registry.get(args.name)
+    quick = bool(getattr(args, "quick", False))
+    seeds_spec = getattr(args, "seeds", None) or ("0" if quick else "0-4")
+    seeds = parse_int_list(seeds_spec, "--seeds")
+    out = Path(getattr(args, "out", None) or Path("results") / args.name)
+    summary = exp.run(out, seeds, quick, **options_from_args(args))
+    for path in summary.get("files", []):
+        print(f"{args.name}: wrote {path}")
+    if summary.get("markdown"):
+        print(summary["markdown"])
+    counts = summary.get("counts")
+    if counts:
+        print(f"{args.name}: cells ran {counts['ran']}, skipped (done) {counts['skipped']}, "
+              f"failed {counts['failed']}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpifc.experiments", description="Run a paper experiment.")
+    add_experiment_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return experiment_main(args)
+    except UserError as e:
+        print(f"mpifc experiment: {e}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["add_experiment_arguments", "experiment_main", "parse_int_list", "parse_names", "main"]
