@@ -13,10 +13,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 STDERR_TAIL = 3000  # characters of stderr kept in a JobFailed message
@@ -130,7 +132,8 @@ class Launcher:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
                                 env=self.environment(), start_new_session=True)
         try:
-            out, err = proc.communicate(timeout=limit)
+            with _sigterm_raises():
+                out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             _end_session(proc)
             out, err = proc.communicate()
@@ -147,6 +150,27 @@ class Launcher:
                    ) -> dict[str, Any]:
         """Run ``python -m module args`` on ``n_ranks`` ranks; returns its last JSON line."""
         return self.run(n_ranks, ["-m", module, *args], timeout).last_json()
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit while a job runs, so the ``except`` above ends the job too.
+
+    The job runs in a session of its own (so a timeout can end all of it), which also means a
+    SIGTERM to this process alone would not reach it and would leave its ranks orphaned.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _end_session(proc: subprocess.Popen) -> None:

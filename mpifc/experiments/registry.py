@@ -37,6 +37,7 @@ _REGISTRY: dict[str, Experiment] = {}
 # name -> module that registers it (imported lazily: experiments pull in torch, h5py, ...).
 MODULES: dict[str, str] = {
     "table1": "mpifc.experiments.table1",
+    "table3": "mpifc.experiments.table3",
     "table7": "mpifc.experiments.table7",
     "commcost": "mpifc.experiments.communication",
     "scaling": "mpifc.experiments.scaling",

@@ -104,7 +104,8 @@ def _refuse_all(ctx: JobContext, err: ReleaseRefused) -> None:
     raise err
 
 
-def _master(ctx: JobContext, s: FedNGMSettings) -> FedNGMResult:
+def _master(ctx: JobContext, s: FedNGMSettings, public: np.ndarray | None,
+            public_schema: Schema | None) -> FedNGMResult:
     clients = list(ctx.roles.clients)
     labels = [f"client rank {c}" for c in clients]
     rule = ReleaseRule(s.min_clients)
@@ -124,7 +125,12 @@ def _master(ctx: JobContext, s: FedNGMSettings) -> FedNGMResult:
     ctx.ledger.set_phase("ngm.local")
     models = [recv_model(ctx, c) for c in clients]
     ctx.ledger.set_phase("ngm.global")
-    glob, counts = distill_global(models, graph, s.total_samples, s.proportional, hidden=s.hidden,
+    pub = None
+    if public is not None:
+        if public_schema is None:
+            raise UserError("FedNGM master: public data given without its schema")
+        pub = np.asarray(public, dtype=np.float64)[:, [public_schema.index(n) for n in schema.names]]
+    glob, counts = distill_global(models, graph, s.total_samples, s.proportional, public=pub, hidden=s.hidden,
                                   activation=s.activation, config=s.global_config)
     try:
         rule.check(labels, "global NGM")
@@ -169,20 +175,24 @@ def _client(ctx: JobContext, s: FedNGMSettings, x: np.ndarray, schema: Schema,
 
 
 def fedngm_rank(ctx: JobContext, settings: FedNGMSettings, x: np.ndarray | None = None,
-                schema: Schema | None = None, expert_graph: DependencyGraph | None = None) -> FedNGMResult:
+                schema: Schema | None = None, expert_graph: DependencyGraph | None = None,
+                public: np.ndarray | None = None) -> FedNGMResult:
     """Run this rank's part of FedNGM.
 
     Args:
         ctx: the job context (rank 0 = master).
         settings: the same on every rank.
-        x, schema: a client's own ``(n, d)`` rows and their features (ignored on the master).
+        x: a client's own ``(n, d)`` rows (ignored on the master).
+        schema: the features of ``x`` on a client, of ``public`` on the master.
         expert_graph: a client's expert-given graph instead of graphical lasso recovery.
+        public: the master's optional public rows for the extra fit term of eq. 3 (any column
+            order containing the consensus features).
 
     Raises:
         ReleaseRefused: on every rank, when fewer than ``settings.min_clients`` clients contributed.
     """
     if ctx.is_server:
-        return _master(ctx, settings)
+        return _master(ctx, settings, public, schema)
     if x is None or schema is None:
         raise UserError(f"client rank {ctx.rank}: no training data given to the FedNGM job")
     return _client(ctx, settings, x, schema, expert_graph)

@@ -1,7 +1,9 @@
 """Shared tiny models and data for the EiNet tests."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,10 +25,19 @@ def all_images(levels: int, n_vars: int) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def digits() -> np.ndarray:
-    """scikit-learn's 8x8 digits (bundled with the package, no download), values 0..16."""
-    from sklearn.datasets import load_digits
+    """scikit-learn's 8x8 digits (bundled with the package, no download), values 0..16, (1797, 64).
 
-    return load_digits().data.astype(np.float64)
+    Read straight from the package's CSV: importing sklearn costs more than all the EiNet tests.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("scikit-learn not installed")
+    csv = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+    if not csv.exists():
+        from sklearn.datasets import load_digits
+
+        return load_digits().data.astype(np.float64)
+    return np.loadtxt(csv, delimiter=",")[:, :64]
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from tests.einet.conftest import tiny
 
 def _digits_model(leaf: str, **kw) -> EiNet:
     cfg = EiNetConfig(num_sums=4, leaf=leaf, num_levels=17, dtype="float64", seed=3, **kw)
-    return EiNet.poon_domingos((8, 8), [4], cfg)
+    return EiNet.poon_domingos((8, 8), [2], cfg)
 
 
 @pytest.mark.parametrize("leaf,scale,kw", [
@@ -20,10 +20,10 @@ def _digits_model(leaf: str, **kw) -> EiNet:
     ("discretized_gaussian", 1.0, {}),
 ])
 def test_full_batch_em_never_decreases_train_likelihood(digits, leaf, scale, kw):
-    x = digits[:300] / scale
+    x = digits[:150] / scale
     model = _digits_model(leaf, **kw)
     lls = [float(model.log_likelihood(x).mean())]
-    for _ in range(6):
+    for _ in range(4):
         model.apply_em(model.em_statistics(x))
         lls.append(float(model.log_likelihood(x).mean()))
     assert all(b >= a - 1e-9 * abs(a) for a, b in zip(lls, lls[1:])), lls
@@ -41,7 +41,7 @@ def test_online_em_step_one_full_batch_equals_batch_em(digits):
 
 
 def test_online_em_with_small_steps_improves_likelihood(digits):
-    x = digits[:400] / 16.0
+    x = digits[:200] / 16.0
     model = _digits_model("gaussian")
     before = float(model.log_likelihood(x).mean())
     hist = train_em(model, x, EMSchedule(num_epochs=2, batch_size=50, online_em_frequency=2,

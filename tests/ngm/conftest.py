@@ -18,7 +18,7 @@ CHAIN_SCHEMA = Schema((real("a"), real("b"), real("c"), categorical("d", 3)))
 CHAIN_GRAPH = DependencyGraph.from_edges(CHAIN_SCHEMA.names, [("a", "b"), ("b", "c"), ("c", "d")])
 # About 240 Adam steps: enough for the path norm to close the forbidden paths on these toys.
 SMALL = TrainConfig(epochs=20, batch_size=128, lam=1.0, seed=0, calib_rows=300,
-                    inference=InferenceSettings(steps=20))
+                    inference=InferenceSettings(steps=10))
 
 
 def chain_data(n: int, seed: int) -> np.ndarray:

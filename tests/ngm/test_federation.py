@@ -16,9 +16,9 @@ from mpifc.ngm.training import TrainConfig, fit_ngm
 from .conftest import CHAIN_GRAPH, CHAIN_SCHEMA, chain_data
 
 TINY = TrainConfig(epochs=12, batch_size=32, lam=1.0, seed=0, calib_rows=300,
-                   inference=InferenceSettings(steps=20))
+                   inference=InferenceSettings(steps=10))
 GLOBAL = TrainConfig(epochs=16, batch_size=64, lam=1.0, seed=0, calib_rows=300,
-                     inference=InferenceSettings(steps=20))
+                     inference=InferenceSettings(steps=10))
 
 
 def test_release_rule_refuses_below_k():

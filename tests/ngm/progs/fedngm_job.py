@@ -2,7 +2,7 @@
 
 Client rank r holds 400 rows of the chain a-b-c-d (seed r); rank 1 also holds an extra feature
 ``e`` = 2c + noise, which it stitches onto the global model. The master writes summary.json and
-every rank's ledger goes to ledger.csv.
+every rank's ledger goes to ledger.csv. The master adds 200 public rows (eq. 3).
 """
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ SETTINGS = FedNGMSettings(min_clients=int(sys.argv[2]), hidden=(8, 8), client_co
 
 def main(ctx) -> int:
     if ctx.is_server:
-        res = fedngm_rank(ctx, SETTINGS)
+        # The master's public rows (eq. 3), columns in another order than the clients'.
+        public = chain_data(200, seed=99)[:, ::-1]
+        res = fedngm_rank(ctx, SETTINGS, schema=CHAIN_SCHEMA.subset(CHAIN_SCHEMA.names[::-1]), public=public)
         (OUT / "summary.json").write_text(json.dumps(result_summary(res)))
         return 0
     x = chain_data(400, seed=ctx.rank)

@@ -1,0 +1,59 @@
+"""The Slurm template and the sweep driver's generated scripts (not run: no Slurm here)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SLURM = Path(__file__).resolve().parents[2] / "launch" / "slurm"
+
+
+@pytest.fixture(scope="module")
+def submit():
+    spec = importlib.util.spec_from_file_location("submit_sweep", SLURM / "submit_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bash_n(path: Path) -> None:
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_template_is_valid_bash_with_one_task_per_rank():
+    bash_n(SLURM / "fedpc.sbatch")
+    text = (SLURM / "fedpc.sbatch").read_text()
+    assert "#SBATCH --ntasks=" in text and "#SBATCH --gpus-per-task=1" in text
+    assert "launch/sweep.py" in text
+
+
+def test_rendered_script(submit, tmp_path):
+    text = submit.render((SLURM / "fedpc.sbatch").read_text(), 16, out="res/sc", partition="gpu",
+                         extra_args="--assign tree --servers 2")
+    lines = text.splitlines()
+    assert "#SBATCH --ntasks=16" in lines and "#SBATCH --gpus-per-task=1" in lines
+    assert "#SBATCH --partition=gpu" in lines and "#SBATCH --job-name=mpifc-fedpc-r16" in lines
+    assert sum(line.startswith("#SBATCH --ntasks=") for line in lines) == 1
+    assert "RANKS=16" in lines and "EXTRA_ARGS='--assign tree --servers 2'" in lines
+    # every #SBATCH line precedes the first command, or sbatch ignores it
+    first_cmd = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert max(i for i, line in enumerate(lines) if line.startswith("#SBATCH")) < first_cmd
+    p = tmp_path / "r16.sbatch"
+    p.write_text(text)
+    bash_n(p)
+    cpu = submit.render((SLURM / "fedpc.sbatch").read_text(), 4, out="x", gpus_per_task=0)
+    assert not any(line.startswith("#SBATCH --gpus-per-task") for line in cpu.splitlines())
+    with pytest.raises(ValueError):
+        submit.render("", 1, out="x")
+
+
+def test_dry_run_writes_one_script_per_rank_count(submit, tmp_path, capsys):
+    assert submit.main(["--ranks", "2,4,8", "--out", str(tmp_path), "--dry-run"]) == 0
+    written = sorted(p.name for p in (tmp_path / "slurm").glob("*.sbatch"))
+    assert written == ["fedpc-r2.sbatch", "fedpc-r4.sbatch", "fedpc-r8.sbatch"]
+    for p in (tmp_path / "slurm").glob("*.sbatch"):
+        bash_n(p)
+    assert submit.main(["--ranks", "1,4", "--out", str(tmp_path), "--dry-run"]) == 2
