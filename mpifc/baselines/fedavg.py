@@ -118,21 +118,15 @@ def client_ranks(n_clients: int) -> dict[int, int]:
 
 def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
     """This rank's part of a FedAvg run; returns the result dict on rank 0, else ``None``."""
-    import torch
-
     from data_prep.shards import load_manifest
     from mpifc.baselines import protocol as P
     from mpifc.baselines.data import client_xy, n_classes, scores, test_xy
-    from mpifc.baselines.mlp import (get_flat, limit_threads, make_mlp, n_parameters, predict, set_flat,
-                                     sgd_epochs, torch_dtype)
 
     cfg.check()
-    limit_threads(ctx.local_size)
     m = load_manifest(cfg.dir)
     k = n_classes(m)
     ranks = client_ranks(m.n_clients)
     index_of = {r: c for c, r in ranks.items()}
-    tdtype = torch_dtype(cfg.dtype)
     t = ctx.transport
 
     if ctx.rank in index_of:
@@ -143,6 +137,13 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
             raise UserError(f"{cfg.dir}: client {c} (rank {ctx.rank}) holds no target column; "
                             "FedAvg needs labels on every client (horizontal FL)")
         t.send_obj({"client": c, "features": data.features, "n": int(len(data.y))}, 0, P.FEDAVG_DECLARE)
+        # torch is imported only now: a run refused on its declarations fails in a second, not ten
+        import torch
+
+        from mpifc.baselines.mlp import get_flat, limit_threads, make_mlp, set_flat, sgd_epochs, torch_dtype
+
+        limit_threads(ctx.local_size)
+        tdtype = torch_dtype(cfg.dtype)
         x = torch.from_numpy(np.nan_to_num(data.x)).to(tdtype)
         y = torch.from_numpy(data.y)
         model = make_mlp(x.shape[1], cfg.hidden, k, cfg.seed, tdtype)
@@ -169,6 +170,12 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
         if d["n"] < 1:
             raise UserError(f"client {c} (rank {ranks[c]}) has no training rows")
     counts = [int(d["n"]) for d in decl]
+    import torch
+
+    from mpifc.baselines.mlp import get_flat, limit_threads, make_mlp, n_parameters, predict, set_flat, torch_dtype
+
+    limit_threads(ctx.local_size)
+    tdtype = torch_dtype(cfg.dtype)
     model = make_mlp(len(features), cfg.hidden, k, cfg.seed, tdtype)
     theta = get_flat(model)
     ctx.ledger.set_phase("train")

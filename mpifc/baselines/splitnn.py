@@ -165,15 +165,10 @@ class SplitNetwork:
 
 
 def _client(ctx: Any, cfg: SplitNNConfig, manifest: Any, c: int) -> None:
-    import torch
-    from torch import nn
-
     from mpifc.baselines import protocol as P
     from mpifc.baselines.data import client_xy, scores
-    from mpifc.baselines.mlp import batch_indices, get_flat, make_mlp, torch_dtype
 
     t = ctx.transport
-    tdtype = torch_dtype(cfg.dtype)
     ctx.ledger.set_phase("declare")
     train, test = client_xy(manifest, c, "train"), client_xy(manifest, c, "test")
     t.send_obj({"client": c, "n_features": len(train.features), "n_train": len(train.ids),
@@ -183,6 +178,14 @@ def _client(ctx: Any, cfg: SplitNNConfig, manifest: Any, c: int) -> None:
     is_owner = plan["label_owner"] == c
     if not train.features:
         raise UserError(f"client {c} (rank {ctx.rank}) holds no feature besides the target")
+    # torch is imported only once the server accepted the declarations (refusals stay fast)
+    import torch
+    from torch import nn
+
+    from mpifc.baselines.mlp import batch_indices, get_flat, limit_threads, make_mlp, torch_dtype
+
+    limit_threads(ctx.local_size)
+    tdtype = torch_dtype(cfg.dtype)
     bottom = make_mlp(len(train.features), cfg.bottom_hidden, cfg.cut, bottom_seed(cfg.seed, c), tdtype,
                       out_activation=True)
     x = torch.from_numpy(np.nan_to_num(train.x)).to(tdtype)
@@ -214,14 +217,10 @@ def _client(ctx: Any, cfg: SplitNNConfig, manifest: Any, c: int) -> None:
 
 
 def _server(ctx: Any, cfg: SplitNNConfig, manifest: Any, ranks: dict[int, int]) -> dict[str, Any]:
-    import torch
-
     from mpifc.baselines import protocol as P
     from mpifc.baselines.data import n_classes
-    from mpifc.baselines.mlp import batch_indices, get_flat, make_mlp, n_parameters, torch_dtype
 
     t = ctx.transport
-    tdtype = torch_dtype(cfg.dtype)
     k = n_classes(manifest)
     t0 = time.perf_counter()
     ctx.ledger.set_phase("declare")
@@ -238,6 +237,12 @@ def _server(ctx: Any, cfg: SplitNNConfig, manifest: Any, ranks: dict[int, int]) 
     for c in range(manifest.n_clients):
         t.send_obj({"label_owner": owner}, ranks[c], P.SPLIT_PLAN)
     n, n_test = int(decl[0]["n_train"]), int(decl[0]["n_test"])
+    import torch
+
+    from mpifc.baselines.mlp import batch_indices, get_flat, limit_threads, make_mlp, n_parameters, torch_dtype
+
+    limit_threads(ctx.local_size)
+    tdtype = torch_dtype(cfg.dtype)
     top = make_mlp(cfg.cut * manifest.n_clients, cfg.top_hidden, k, top_seed(cfg.seed), tdtype)
     gen = batch_generator(cfg.seed)
     n_batches = 0
@@ -274,10 +279,8 @@ def splitnn_rank(ctx: Any, cfg: SplitNNConfig) -> dict[str, Any] | None:
     """This rank's part of a SplitNN run; returns the result dict on rank 0, else ``None``."""
     from data_prep.shards import load_manifest
     from mpifc.baselines.fedavg import client_ranks
-    from mpifc.baselines.mlp import limit_threads
 
     cfg.check()
-    limit_threads(ctx.local_size)
     m = load_manifest(cfg.dir)
     ranks = client_ranks(m.n_clients)
     index_of = {r: c for c, r in ranks.items()}
