@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows-per-client", type=int, default=None, help="weak scaling: training rows per client")
     p.add_argument("--seeds", default="0", help="seeds, e.g. 0 or 0-2")
     p.add_argument("--assign", default="flat", choices=("flat", "tree"), help="ψ strategy of the trained models")
-    p.add_argument("--servers", type=int, default=None, help="intermediate servers for --assign tree (and the projection)")
+    p.add_argument("--servers", type=int, default=None,
+                   help="intermediate servers for --assign tree (and the projection)")
     p.add_argument("--transport-csv", default=None, help="CSV of launch/bench/transport.py to fit alpha-beta from")
     p.add_argument("--shards", default=None, help="shard cache folder (default OUT/shards)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before one job is killed")

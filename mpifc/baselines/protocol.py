@@ -1,30 +1,14 @@
 """Message kinds of the FedAvg and SplitNN baselines, and their payload classes.
 
 SplitNN's very method is to send cut-layer activations up and their gradients down, so those
-travel under payload classes of their own, ``activation`` and ``gradient``, and not disguised
-as FC classes. The runtime's :data:`~mpifc.runtime.kinds.PAYLOAD_CLASSES` does not list them
-(yet), so :func:`declare_payload_classes` appends them before the kinds are registered; once
-the runtime lists them itself it does nothing.
+travel under payload classes of their own, ``activation`` and ``gradient`` (listed in
+:data:`~mpifc.runtime.kinds.PAYLOAD_CLASSES`), and not disguised as FC classes.
 """
 from __future__ import annotations
 
-from mpifc.runtime import kinds as _kinds
 from mpifc.runtime.kinds import register_kind
 
-BASELINE_PAYLOAD_CLASSES: tuple[str, ...] = (
-    "activation",  # per-sample cut-layer activations or logits (SplitNN forward)
-    "gradient",    # per-sample gradients of the loss w.r.t. those activations (SplitNN backward)
-)
-
-
-def declare_payload_classes() -> None:
-    """Make sure the runtime accepts :data:`BASELINE_PAYLOAD_CLASSES` (idempotent)."""
-    missing = tuple(c for c in BASELINE_PAYLOAD_CLASSES if c not in _kinds.PAYLOAD_CLASSES)
-    if missing:
-        _kinds.PAYLOAD_CLASSES = _kinds.PAYLOAD_CLASSES + missing
-
-
-declare_payload_classes()
+BASELINE_PAYLOAD_CLASSES: tuple[str, ...] = ("activation", "gradient")
 
 # -- FedAvg ----------------------------------------------------------------------------------------
 FEDAVG_DECLARE = register_kind("fedavg.declare", "feature_declaration",

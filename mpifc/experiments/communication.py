@@ -117,9 +117,11 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         h, f = by.get((ds, "horizontal", "fedpc")), by.get((ds, "horizontal", "fedavg"))
         v, s = by.get((ds, "vertical", "fedpc")), by.get((ds, "vertical", "splitnn"))
         if h and f and h["status"] == OK and f["status"] == OK:
-            ratios.append([ds, "FedAvg / FedPC (horizontal)", f"{f['measured_bytes_mean'] / h['measured_bytes_mean']:.1f}x"])
+            r = f["measured_bytes_mean"] / h["measured_bytes_mean"]
+            ratios.append([ds, "FedAvg / FedPC (horizontal)", f"{r:.1f}x"])
         if v and s and v["status"] == OK and s["status"] == OK:
-            ratios.append([ds, "SplitNN / FedPC (vertical)", f"{s['measured_bytes_mean'] / v['measured_bytes_mean']:.1f}x"])
+            r = s["measured_bytes_mean"] / v["measured_bytes_mean"]
+            ratios.append([ds, "SplitNN / FedPC (vertical)", f"{r:.1f}x"])
     for sc in cc.scenario_costs():
         ratios.append([f"paper-like S={sc['samples']:.0e} M={sc['params']:.0e} (formula)",
                        "FedAvg/FedPC; SplitNN/FedPC",

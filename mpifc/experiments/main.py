@@ -58,14 +58,17 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default=None, metavar="SPEC",
                    help="seeds as ranges and lists, e.g. 0-4 or 0,2,5 (default 0-4; --quick: 0)")
     p.add_argument("--quick", action="store_true", help="reduced version (small data, few ranks), for tests")
-    p.add_argument("--datasets", default=None, metavar="LIST", help=f"comma-separated subset of {','.join(KNOWN_DATASETS)}")
-    p.add_argument("--settings", default=None, metavar="LIST", help=f"comma-separated subset of {','.join(KNOWN_SETTINGS)}")
+    p.add_argument("--datasets", default=None, metavar="LIST",
+                   help=f"comma-separated subset of {','.join(KNOWN_DATASETS)}")
+    p.add_argument("--settings", default=None, metavar="LIST",
+                   help=f"comma-separated subset of {','.join(KNOWN_SETTINGS)}")
     p.add_argument("--ranks", default=None, metavar="LIST", help="rank counts of the scaling sweep, e.g. 2,4,8,16,32")
     p.add_argument("--max-rows", type=int, default=None, metavar="N", help="subsample each dataset to N rows")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds before one MPI job is killed")
     p.add_argument("--shards", default=None, metavar="DIR", help="shard cache folder (default OUT/shards)")
     p.add_argument("--assign", default=None, choices=("flat", "tree"), help="scaling: ψ strategy")
-    p.add_argument("--servers", type=int, default=None, metavar="S", help="scaling: intermediate servers of --assign tree")
+    p.add_argument("--servers", type=int, default=None, metavar="S",
+                   help="scaling: intermediate servers of --assign tree")
     p.add_argument("--parts", default=None, metavar="LIST", help="decentralization: parts to run")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
 

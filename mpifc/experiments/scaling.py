@@ -46,16 +46,19 @@ def default_dataset() -> str:
 
 
 def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
-    """Least-squares ``t = alpha + b / beta`` (non-negative); returns (alpha s, beta bytes/s)."""
+    """Fit ``t = alpha + b / beta`` by relative least squares; returns (alpha s, beta bytes/s)."""
     b = np.asarray(sizes, np.float64)
     t = np.asarray(seconds, np.float64)
     if b.size < 2:
         raise UserError("alpha-beta fit needs at least two message sizes")
-    a = np.stack([np.ones_like(b), b], axis=1)
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, t, rcond=None)
-    alpha = max(float(alpha), float(t.min()) * 0.5 if alpha <= 0 else float(alpha))
+    # Relative residuals: plain least squares would let the biggest messages decide alpha too.
+    a = np.stack([np.ones_like(b), b], axis=1) / t[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    if alpha <= 0:
+        # Noise can push the intercept below zero, and a latency cannot be negative.
+        alpha = 0.5 * float(t.min())
     inv_beta = max(float(inv_beta), 1e-15)
-    return alpha, 1.0 / inv_beta
+    return float(alpha), 1.0 / inv_beta
 
 
 def read_transport_csv(path: Path) -> tuple[list[float], list[float]]:
@@ -190,21 +193,23 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         "alpha-beta": f"alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e6:.1f} MB/s from {csv_path} ({source})",
         "per client (weak slope)": f"{per_b:.0f} bytes, {per_m:.1f} messages of training traffic",
     }) + "\n" + markdown_table(["mode", "ranks", "clients", "rows/client", "wall s", "critical path s", "total s",
-                                "bytes", "messages", "test LL"], sweep) + "\n\nProjected communication time (s):\n\n" + \
-        markdown_table(["clients", "train (flat)", "query batch flat", f"query batch tree S={proj[0]['servers']}",
-                        "query batch tree S=sqrt(C)"],
-                       [[p["clients"], f"{p['train_flat_s']:.3g}", f"{p['query_flat_s']:.3g}",
-                         f"{p['query_tree_s']:.3g}", f"{p['query_tree_best_s']:.3g}"] for p in proj]) + "\n"
+                                "bytes", "messages", "test LL"], sweep)
+    head = ["clients", "train (flat)", "query batch flat", f"query batch tree S={proj[0]['servers']}",
+            "query batch tree S=sqrt(C)"]
+    md += "\n\nProjected communication time (s):\n\n" + markdown_table(
+        head, [[p["clients"], f"{p['train_flat_s']:.3g}", f"{p['query_flat_s']:.3g}",
+               f"{p['query_tree_s']:.3g}", f"{p['query_tree_best_s']:.3g}"] for p in proj]) + "\n"
     from mpifc.runtime.atomic import atomic_write_text
 
     files.append(atomic_write_text(out / "scaling.md", md))
-    files.append(plot(out / "scaling.png", agg, alpha, beta, max(per_b, 0.0), max(per_m, 0.0), int(servers or 32)))
+    files.append(plot(out / "scaling.png", agg, alpha, beta, max(per_b, 0.0), max(per_m, 0.0), int(servers or 32),
+                      n_srv))
     return {"files": [str(f) for f in files], "counts": counts, "markdown": md, "records": records, "aggregate": agg,
             "alpha": alpha, "beta": beta, "projection": proj}
 
 
 def plot(path: Path, agg: list[dict[str, Any]], alpha: float, beta: float, per_b: float, per_m: float,
-         servers: int) -> Path:
+         servers: int, n_srv: int = 0) -> Path:
     """Four panels: seconds, traffic, test LL against ranks; projected communication time."""
     from matplotlib.figure import Figure
 
@@ -215,9 +220,10 @@ def plot(path: Path, agg: list[dict[str, Any]], alpha: float, beta: float, per_b
         rows = sorted((a for a in agg if a["setting"] == mode and a["status"] == OK), key=lambda a: a["clients"])
         if not rows:
             continue
-        r = [a["clients"] + 1 for a in rows]
+        r = [a["clients"] + 1 + n_srv for a in rows]
         a1.plot(r, [a["wall_seconds_mean"] for a in rows], ls, marker="o", label=f"{mode}: job wall")
-        a1.plot(r, [a["train_seconds_critical_path_mean"] for a in rows], ls, marker="s", label=f"{mode}: critical path")
+        a1.plot(r, [a["train_seconds_critical_path_mean"] for a in rows], ls, marker="s",
+                label=f"{mode}: critical path")
         a2.plot(r, [a["bytes_train_mean"] for a in rows], ls, marker="o", label=f"{mode}: bytes")
         a2b.plot(r, [a["messages_train_mean"] for a in rows], ls, marker="x", color="tab:gray",
                  label=f"{mode}: messages")

@@ -42,7 +42,44 @@ MODEL_META = register_kind("ngm.model.meta", "model_parameters", "NGM metadata: 
 MODEL_ARRAY = register_kind("ngm.model.array", "model_parameters", "one NGM weight/statistics array")
 
 CLIENT_ALLOWED = frozenset({"feature_declaration", "model_parameters"})
-"""Payload classes a client rank sends in a FedNGM job (no data, no samples)."""
+"""Payload classes a client rank sends in a FedNGM job (no data, no samples): its declaration
+(feature names, types and row count), its graph and its model weights."""
+
+
+class PrivacyViolation(RuntimeError):
+    """A client rank sent a payload class outside :data:`CLIENT_ALLOWED` (a bug, not bad input)."""
+
+
+def audit_client_sends(table: Any, master: int = 0) -> dict[str, int]:
+    """Check a gathered ledger: every message a client rank sent carries an allowed payload class.
+
+    Args:
+        table: the job's :class:`~mpifc.runtime.ledger.LedgerTable` (rank 0 after the gather).
+        master: the master's rank; every other source rank is a client.
+
+    Returns:
+        Bytes (payload + header) the clients sent per payload class.
+
+    Raises:
+        PrivacyViolation: naming the kind, its class and the sending rank.
+    """
+    from mpifc.runtime.kinds import kind_by_id
+
+    out: dict[str, int] = {}
+    rows = table.rows
+    for kid, src, pb, hb in zip(rows["kind"].tolist(), rows["src"].tolist(), rows["payload_bytes"].tolist(),
+                                rows["header_bytes"].tolist()):
+        if src == master:
+            continue
+        try:
+            kind = kind_by_id(kid)
+        except KeyError:
+            raise PrivacyViolation(f"client rank {src} sent a message of unregistered kind id {kid}") from None
+        if kind.payload not in CLIENT_ALLOWED:
+            raise PrivacyViolation(f"client rank {src} sent {kind.name!r} ({kind.payload}); FedNGM clients may "
+                                   f"send only {sorted(CLIENT_ALLOWED)}")
+        out[kind.payload] = out.get(kind.payload, 0) + int(pb + hb)
+    return out
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ PAYLOAD_CLASSES: tuple[str, ...] = (
     "evidence",             # query evidence sent by the party asking a query
     "timing",               # wall-clock measurements
     "ledger",               # communication-ledger rows
+    "activation",           # per-sample cut-layer activations or logits (SplitNN forward)
+    "gradient",             # per-sample gradients w.r.t. those activations (SplitNN backward)
 )
 
 # 15 bits keep every tag within the MPI standard's guaranteed minimum MPI_TAG_UB (32767).

@@ -43,3 +43,8 @@ def quick_commcost(tmp_path_factory, shard_cache):
 @pytest.fixture(scope="session")
 def quick_scaling(tmp_path_factory, shard_cache):
     return _quick("scaling", tmp_path_factory, shard_cache)
+
+
+@pytest.fixture(scope="session")
+def quick_table3(tmp_path_factory, shard_cache):
+    return _quick("table3", tmp_path_factory, shard_cache)

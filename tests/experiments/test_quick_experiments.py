@@ -137,3 +137,15 @@ def test_scaling_quick_and_sweep_resume(quick_scaling, shard_cache, capsys):
                        "--no-progress"]) == 0
     assert "Projected communication time" in capsys.readouterr().out
     assert sweep.main(["--ranks", "0,3", "--out", str(out), "--quick"]) == 2
+
+
+def test_table3_quick(quick_table3):
+    out, summary = quick_table3
+    assert_written(out, "cells.csv", "cells.h5", "summary.csv", "table3.md", "table3.png")
+    (rec,) = summary["records"]
+    assert rec["status"] == OK, rec.get("error")
+    assert finite(rec["ll_one_pass"]) and finite(rec["ll_em"]) and -200 < rec["ll_one_pass"] < 0
+    # EM starts from the one-pass model; its training log-likelihood must not fall
+    trace = rec["em_train_ll"]
+    assert len(trace) == rec["em_iters"] and all(b >= a - 1e-6 for a, b in zip(trace, trace[1:]))
+    assert "-55.70 ± 0.20" in (out / "table3.md").read_text()

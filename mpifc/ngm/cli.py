@@ -1,0 +1,258 @@
+"""``mpifc train/evaluate --model-family ngm``: FedNGM on data_prep shards.
+
+``mpiexec -n C+1 mpifc train DIR --model-family ngm --model M.h5 [--min-clients k ...]``: rank 0
+is the master, client rank ``r`` reads only shard ``r - 1`` (``read_client``); the master reads
+only the manifest (feature declarations) and, with ``--public``, a public shard directory's
+``test.h5``. The global NGM and its graph go to ``M`` (HDF5, atomically). After the job, rank 0
+checks the gathered ledger: client ranks may have sent only the payload classes of
+:data:`mpifc.ngm.job.CLIENT_ALLOWED` (graphs, declarations with sizes, model weights).
+
+``mpifc evaluate DIR --model-family ngm --model M.h5 [--target NAME ...] [--client i]``: one
+process predicts each target from the other features of the test rows (``test.h5``, or client
+``i``'s own test rows) and prints the paper's metrics (see :mod:`mpifc.ngm.metrics`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpifc.errors import UserError
+from mpifc.ngm.schema import Feature, Schema, categorical, real
+
+FAMILIES = ("fc", "ngm")
+
+
+# -- arguments -----------------------------------------------------------------------------------
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(t) for t in str(text).split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--hidden expects comma-separated widths like 32,32, got {text!r}")
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"--hidden expects positive widths, got {text!r}")
+    return widths
+
+
+def add_ngm_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--model-family ngm`` flags of ``mpifc train``, in their own group."""
+    g = p.add_argument_group("FedNGM (--model-family ngm)")
+    g.add_argument("--min-clients", type=int, default=1, metavar="K",
+                   help="release rule: refuse to release the global graph/model below K clients")
+    g.add_argument("--lam", type=float, default=1.0, help="weight of the graph-constrained path norm (eq. 1)")
+    g.add_argument("--epochs", type=int, default=50, help="epochs of every NGM (clients and global)")
+    g.add_argument("--hidden", type=_hidden, default=(32, 32), metavar="H1,H2", help="hidden layer widths")
+    g.add_argument("--batch-size", type=int, default=256)
+    g.add_argument("--lr", type=float, default=2e-2)
+    g.add_argument("--samples", type=int, default=10_000, help="samples the master draws from client NGMs in all")
+    g.add_argument("--proportional", action="store_true",
+                   help="draw samples in proportion to client sizes instead of equally")
+    g.add_argument("--public", default=None, metavar="DIR",
+                   help="public data for the extra term of eq. 3: a shard directory whose test.h5 the master reads")
+    g.add_argument("--graph-alpha", type=float, default=0.05, help="graphical lasso penalty of the local graphs")
+    g.add_argument("--stitch-hidden", type=int, default=0,
+                   help="hidden units per layer a client adds to stitch its extra features (0 = no stitching)")
+    g.add_argument("--save-local", default=None, metavar="DIR",
+                   help="each client also writes its own local NGM to DIR/client-<i>.h5")
+    g.add_argument("--folds", type=int, default=1, help="with --fold: clients hold out 1/FOLDS of their rows")
+    g.add_argument("--fold", type=int, default=None, help="which fold clients hold out (for cross-validation)")
+
+
+def add_ngm_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--model-family ngm`` flags of ``mpifc evaluate``."""
+    g = p.add_argument_group("FedNGM (--model-family ngm)")
+    g.add_argument("--target", action="append", default=[], metavar="NAME",
+                   help="feature to predict from the others (repeatable; default: the dataset target)")
+    g.add_argument("--client", type=int, default=None, metavar="I",
+                   help="evaluate on client I's own test rows instead of test.h5")
+    g.add_argument("--infer-steps", type=int, default=None, help="input-optimisation steps (default: the model's)")
+
+
+# -- data ----------------------------------------------------------------------------------------
+def shard_schema(manifest: Any, names: list[str]) -> Schema:
+    """NGM features for shard columns ``names``: columns with declared categories (and the
+    target's classes) are categorical, every other one (real, discrete/ordinal, target-encoded)
+    real. Prepare shards with ``--encode none`` to keep categoricals as codes.
+    """
+    feats: list[Feature] = []
+    for n in names:
+        if n not in manifest.features:
+            raise UserError(f"shards {manifest.directory}: column {n!r} is not declared in the manifest")
+        k = manifest.features[n].get("n_categories")
+        if k:
+            feats.append(categorical(n, int(k)))
+        else:
+            feats.append(real(n))
+    return Schema(tuple(feats))
+
+
+def fold_rows(n: int, folds: int, fold: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_idx, held_out_idx)`` of ``n`` rows for K-fold cross-validation (held out empty
+    when ``fold`` is None). Deterministic in ``seed``, so a client and an evaluator agree."""
+    if fold is None:
+        return np.arange(n), np.zeros(0, dtype=np.int64)
+    if folds < 2 or not 0 <= fold < folds:
+        raise UserError(f"--fold must be in 0..--folds-1 with --folds >= 2, got fold {fold} of {folds}")
+    perm = np.random.default_rng(seed).permutation(n)
+    held = np.sort(np.array_split(perm, folds)[fold])
+    return np.setdiff1d(np.arange(n), held), held
+
+
+# -- train ---------------------------------------------------------------------------------------
+def _settings(cfg: dict[str, Any]) -> Any:
+    from mpifc.ngm.job import FedNGMSettings
+    from mpifc.ngm.training import TrainConfig
+
+    tc = TrainConfig(epochs=cfg["epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"], lam=cfg["lam"],
+                     seed=cfg["seed"])
+    return FedNGMSettings(min_clients=cfg["min_clients"], hidden=tuple(cfg["hidden"]), client_config=tc,
+                          global_config=tc, graph_alpha=cfg["graph_alpha"], total_samples=cfg["samples"],
+                          proportional=cfg["proportional"], stitch_hidden=cfg["stitch_hidden"])
+
+
+def _train_job(ctx: Any) -> int:
+    from data_prep.shards import load_manifest, read_client, read_test
+    from mpifc.ngm.job import fedngm_rank, result_summary
+    from mpifc.ngm.store import save_ngm
+
+    cfg = ctx.config
+    manifest = load_manifest(cfg["dir"])
+    n_clients = len(ctx.roles.clients)
+    if n_clients > manifest.n_clients:
+        raise UserError(f"{n_clients} client ranks but {cfg['dir']} holds {manifest.n_clients} shards; "
+                        f"run with mpiexec -n {manifest.n_clients + 1}")
+    settings = _settings(cfg)
+    if ctx.is_server:
+        public = schema = None
+        if cfg.get("public"):
+            pub = read_test(cfg["public"])
+            schema = shard_schema(load_manifest(cfg["public"]), list(pub.features))
+            public = pub.x
+        res = fedngm_rank(ctx, settings, schema=schema, public=public)
+        extra = {"family": "ngm", "dir": cfg["dir"], "clients": n_clients, "min_clients": cfg["min_clients"],
+                 "public": cfg.get("public"), "sample_counts": res.sample_counts, "seed": cfg["seed"]}
+        save_ngm(res.global_model, cfg["model"], extra)
+        cfg["_summary"] = {**result_summary(res), "model": cfg["model"], "clients": n_clients}
+        return 0
+    index = ctx.rank - 1
+    shard = read_client(cfg["dir"], index)
+    keep, _ = fold_rows(len(shard.x_train), cfg["folds"], cfg["fold"], cfg["seed"] + index)
+    x = shard.x_train[keep]
+    res = fedngm_rank(ctx, settings, x, shard_schema(manifest, list(shard.features)))
+    if cfg.get("save_local"):
+        save_ngm(res.local_model, Path(cfg["save_local"]) / f"client-{index}.h5",
+                 {"family": "ngm", "client": index, "fold": cfg["fold"], "folds": cfg["folds"]})
+        if res.stitched_model is not None:
+            save_ngm(res.stitched_model, Path(cfg["save_local"]) / f"client-{index}-stitched.h5",
+                     {"family": "ngm", "client": index, "stitched": True})
+    return 0
+
+
+def train_main(args: argparse.Namespace) -> int:
+    """Run FedNGM training as an MPI job; returns the exit code (2 on refusal or bad input)."""
+    from data_prep.shards import load_manifest
+    from mpifc.ngm.job import audit_client_sends
+    from mpifc.runtime.job import run_job
+
+    if args.fold is not None:
+        fold_rows(args.folds, args.folds, args.fold, 0)  # validates --fold/--folds
+    cfg = {"dir": str(args.dir), "model": str(args.model), "seed": int(args.seed), "min_clients": args.min_clients,
+           "lam": args.lam, "epochs": args.epochs, "hidden": list(args.hidden), "batch_size": args.batch_size,
+           "lr": args.lr, "samples": args.samples, "proportional": bool(args.proportional),
+           "public": args.public, "graph_alpha": args.graph_alpha, "stitch_hidden": args.stitch_hidden,
+           "save_local": args.save_local, "folds": args.folds, "fold": args.fold}
+    _settings(cfg)  # bad settings fail here, before any rank starts
+    load_manifest(args.dir)
+
+    def on_ledger(table: Any) -> None:
+        audit = audit_client_sends(table)  # raises on a forbidden payload class
+        summary = cfg.get("_summary") or {}
+        rows = table.rows
+        summary["bytes_total"] = int(rows["payload_bytes"].sum() + rows["header_bytes"].sum())
+        summary["bytes_by_phase"] = {ph: int(v) for ph, v in _bytes_by_phase(table).items()}
+        summary["client_payload_classes"] = audit
+        if args.json:
+            print(json.dumps(summary), flush=True)
+
+    def job(ctx: Any) -> int:
+        ctx.config = cfg  # one dict, so on_ledger sees rank 0's summary
+        return _train_job(ctx)
+
+    return run_job(job, config=cfg, servers=1, min_clients=1, deadline=args.deadline,
+                   ledger_csv=args.ledger, on_ledger=on_ledger)
+
+
+def _bytes_by_phase(table: Any) -> dict[str, int]:
+    rows = table.rows
+    out: dict[str, int] = {}
+    for ph, pb, hb in zip(rows["phase"].tolist(), rows["payload_bytes"].tolist(), rows["header_bytes"].tolist()):
+        name = table.phases[ph]
+        out[name] = out.get(name, 0) + int(pb + hb)
+    return out
+
+
+# -- evaluate ------------------------------------------------------------------------------------
+def evaluate_rows(model: Any, x: np.ndarray, features: list[str], targets: list[str],
+                  settings: Any = None) -> list[dict[str, Any]]:
+    """Metrics per target on rows ``x`` ``(n, len(features))`` (columns matched by name).
+
+    Returns:
+        One record per target: ``target``, ``kind`` (real/binary/multiclass), ``n`` and its metrics.
+    """
+    from mpifc.ngm.inference import InferenceSettings
+    from mpifc.ngm.metrics import evaluate_feature
+
+    missing = [n for n in model.schema.names if n not in features]
+    if missing:
+        raise UserError(f"evaluation data lacks the model's features {missing}")
+    cols = x[:, [features.index(n) for n in model.schema.names]]
+    if settings is None and model.calibration is not None:
+        c = model.calibration
+        settings = InferenceSettings(c.infer_steps, c.infer_lr, c.infer_consistency)
+    out = []
+    for t in targets:
+        f = model.schema[t]
+        kind = "real" if not f.is_categorical else ("binary" if f.n_categories == 2 else "multiclass")
+        out.append({"target": t, "kind": kind, "n": int(len(cols)),
+                    **evaluate_feature(model, cols, t, settings or InferenceSettings())})
+    return out
+
+
+def evaluate_main(args: argparse.Namespace) -> int:
+    """Evaluate an NGM model file on shard test rows; prints one line (or JSON) per target."""
+    from data_prep.shards import load_manifest, read_client, read_test
+    from mpifc.ngm.inference import InferenceSettings
+    from mpifc.ngm.store import load_ngm
+
+    model, _ = load_ngm(args.model)
+    manifest = load_manifest(args.dir)
+    targets = list(args.target) or ([manifest.target] if manifest.target else [])
+    if not targets:
+        raise UserError(f"{args.dir} has no target column; name one with --target")
+    for t in targets:
+        if t not in model.schema.names:
+            raise UserError(f"--target {t!r}: the model has features {list(model.schema.names)}")
+    if args.client is not None:
+        if not 0 <= args.client < manifest.n_clients:
+            raise UserError(f"--client {args.client}: {args.dir} has clients 0..{manifest.n_clients - 1}")
+        shard = read_client(args.dir, args.client)
+        x, features, where = shard.x_test, list(shard.features), f"client {args.client} test rows"
+    else:
+        test = read_test(args.dir)
+        x, features, where = test.x, list(test.features), "test.h5"
+    settings = None
+    if args.infer_steps is not None:
+        if args.infer_steps < 0:
+            raise UserError(f"--infer-steps must be >= 0, got {args.infer_steps}")
+        settings = InferenceSettings(steps=args.infer_steps)
+    records = evaluate_rows(model, x, features, targets, settings)
+    if args.json:
+        print(json.dumps({"on": where, "metrics": records}), flush=True)
+    else:
+        for r in records:
+            vals = " ".join(f"{k}={v:.4f}" for k, v in r.items() if isinstance(v, float))
+            print(f"{r['target']} ({r['kind']}, {where}, n={r['n']}): {vals}", flush=True)
+    return 0
