@@ -7,10 +7,12 @@ structure learner in :mod:`mpifc.circuit.learnspn` owns all bookkeeping.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
 from sklearn.cluster import KMeans
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 from threadpoolctl import ThreadpoolController
 
@@ -124,7 +126,10 @@ def split_rows(
     k = n_clusters if n > 4 * n_clusters else min(n_clusters, len(np.unique(features, axis=0)))
     # One thread: on small slices OpenMP start-up and oversubscription cost more than Lloyd's
     # iterations themselves (measured ~15x slower with the default pool on a busy 2-core box).
-    with single_native_thread():
+    with single_native_thread(), warnings.catch_warnings():
+        # Fewer distinct rows than clusters (duplicates in binary data): scikit-learn warns and
+        # returns empty clusters, which the relabelling below drops.
+        warnings.simplefilter("ignore", ConvergenceWarning)
         if method == "kmeans":
             labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(features)
         else:

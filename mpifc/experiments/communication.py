@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mpifc.experiments import registry
-from mpifc.experiments.jobs import ShardCache, ShardSpec, run_fedavg, run_splitnn, train_fc
+from mpifc.experiments.jobs import ShardCache, ShardSpec, capped_hp, run_fedavg, run_splitnn, train_fc_cached
 from mpifc.experiments.launcher import Launcher
+from mpifc.experiments.paper import TABLE4
 from mpifc.experiments.report import fmt, markdown_table, provenance, short_error
 from mpifc.experiments.store import OK, Cell, ResultStore, aggregate, run_cells, write_csv, write_h5_table
+from mpifc.experiments.table7 import budgets
 
 FEDPC_KINDS = ("fc.train.model", "fc.train.counts")
 CLUSTERS, PRODUCTS = 2, 4
@@ -52,9 +54,10 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     out = Path(out_dir)
     store = ResultStore(out)
     datasets = [d for d in (datasets or ("breast-cancer",)) if d != "mnist"]
-    rows = max_rows if max_rows is not None else (300 if quick else None)
+    rows = max_rows  # breast cancer is small enough in full, also for --quick
     n_h, n_v = (2, 2) if quick else (5, 2)
-    rounds, epochs, cut = (3, 2, 8) if quick else (50, 20, 8)
+    budget = budgets(quick)
+    rounds, epochs, cut = budget["rounds"], budget["epochs"], 8
     cache = ShardCache(shards or out / "shards")
     launch = launcher or Launcher(timeout=timeout or (600 if quick else 6 * 3600))
     cells = []
@@ -64,15 +67,15 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
                       Cell(ds, "vertical", n_v, "fedpc", seed), Cell(ds, "vertical", n_v, "splitnn", seed)]
 
     def work(cell: Cell) -> dict[str, Any]:
+        # The same runs as table7's (same shards, hyperparameters and budgets): with a shared
+        # shard cache they are reused, not rerun.
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows))
-        ledger = out / "ledgers" / cell.relpath().with_suffix(".csv").relative_to("cells")
-        ledger.parent.mkdir(parents=True, exist_ok=True)
         if cell.method == "fedpc":
-            glue = "random" if cell.setting == "horizontal" else "combinatorial"
-            model = out / "models" / cell.relpath().with_suffix(".h5").relative_to("cells")
-            tr = train_fc(launch, d, model, glue=glue, clusters=CLUSTERS, products=PRODUCTS, seed=cell.seed,
-                          hp={"threshold": 0.4, "min_instances_slice": 100}, ledger=ledger)
-            counted = ledger_bytes(ledger, FEDPC_KINDS)
+            thr, mis, glue = TABLE4[cell.setting].get(cell.dataset, (0.4, 100, "combinatorial"))
+            hp = capped_hp({"threshold": thr, "min_instances_slice": mis}, d)
+            tr = train_fc_cached(launch, d, cache.runs, glue=glue, clusters=CLUSTERS, products=PRODUCTS,
+                                 seed=cell.seed, hp=hp)
+            counted = ledger_bytes(Path(tr["ledger_path"]), FEDPC_KINDS)
             c = cell.clients
             m_total = int(tr["n_parameters"])
             if cell.setting == "horizontal":
@@ -83,19 +86,21 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
                 formula = cc.fedpc_vertical_bytes(c, m, CLUSTERS, PRODUCTS)
             return {"measured_bytes": counted["payload_bytes"], "measured_total_bytes": tr["bytes_train"],
                     "formula_bytes": formula, "ratio": counted["payload_bytes"] / formula, "n_parameters": m_total,
-                    "m_per_pc": m, "messages": counted["messages"]}
+                    "m_per_pc": m, "messages": counted["messages"], "ledger": tr["ledger_path"],
+                    "cached_run": tr["cached"]}
         if cell.method == "fedavg":
-            res = run_fedavg(launch, d, cell.seed, rounds=rounds, ledger=ledger)
+            res = run_fedavg(launch, d, cache.runs, cell.seed, rounds=rounds)
             formula = cc.fedavg_bytes(cell.clients, res["n_parameters"], rounds, itemsize=res["itemsize"])
             extra = {"rounds": rounds, "n_parameters": res["n_parameters"]}
         else:
-            res = run_splitnn(launch, d, cell.seed, epochs=epochs, cut=cut, ledger=ledger)
+            res = run_splitnn(launch, d, cache.runs, cell.seed, epochs=epochs, cut=cut)
             formula = cc.splitnn_bytes(cell.clients, cut, res["n_train"], epochs,
                                        itemsize=res.get("itemsize", cc.FLOAT32), n_classes=res["n_classes"])
             extra = {"epochs": epochs, "cut": cut, "samples": res["n_train"]}
         return {"measured_bytes": res["payload_bytes_train"], "measured_total_bytes": res["bytes_train"],
                 "formula_bytes": formula, "ratio": res["payload_bytes_train"] / formula,
-                "messages": res["messages_train"], "accuracy": res.get("accuracy"), **extra}
+                "messages": res["messages_train"], "accuracy": res.get("accuracy"), "ledger": res["ledger_path"],
+                "cached_run": res["cached"], **extra}
 
     records, counts = run_cells(store, cells, work, "commcost", progress)
     agg = aggregate(records, ("measured_bytes", "measured_total_bytes", "formula_bytes", "ratio"))
@@ -127,7 +132,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
                        "FedAvg/FedPC; SplitNN/FedPC",
                        f"{sc['fedavg_over_fedpc']:.0f}x; {sc['splitnn_over_fedpc']:.0f}x"])
     md = provenance("Communication cost of training: measured against closed forms", seeds, quick, {
-        "runs": f"FedPC (K={CLUSTERS}, P={PRODUCTS}), FedAvg K={rounds} rounds, SplitNN E={epochs} epochs F={cut}",
+        "runs": f"the runs of table7: FedPC (K={CLUSTERS}, P={PRODUCTS}, Table 4 settings), FedAvg K={rounds} rounds, SplitNN E={epochs} epochs F={cut}",
         "measured": "ledger payload bytes (FedPC: model + count messages; baselines: phase train); "
                     "total = with headers and every other message",
         "formula": "mpifc.analysis.commcost, float32 scalars, both directions for the baselines",

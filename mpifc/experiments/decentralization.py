@@ -270,6 +270,9 @@ def empirical_markdown(cases: list[tuple[EmpiricalCase, dict[str, dze.SettingRes
         if sens:
             lines += ["", "CL losses by FedPC clusters K (sensitivity): " + "; ".join(
                 f"K={k}: CL/CI {_fmt(ci)}, CL/DI {_fmt(max(di))}" for k, (ci, di) in sens.items()) + "."]
+        zero = extras.get("zero_likelihood_rows") or {}
+        if any(zero.values()):
+            lines += ["", f"WARNING: test rows with zero likelihood for every class (posterior undefined): {zero}."]
         dep = dze.eq14_departures(res)
         lines += ["", "eq. 14: " + ("holds." if not dep else "departs: " + "; ".join(dep) + "."), ""]
     lines += [

@@ -7,11 +7,13 @@ inflated by launching ranks.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -48,6 +50,11 @@ class ShardCache:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+
+    @property
+    def runs(self) -> Path:
+        """Where :func:`cached_job` keeps the runs on these shards."""
+        return self.root / "runs"
 
     def get(self, spec: ShardSpec) -> Path:
         from data_prep import prepare, write_shards
@@ -89,38 +96,91 @@ def capped_hp(hp: dict[str, Any], shards: Path, fraction: float = MIS_CAP_FRACTI
             "min_instances_slice_paper": int(hp["min_instances_slice"])}
 
 
-def train_fc(launcher: Launcher, shards: Path, model: Path, *, learner: str = "learnspn", glue: str = "random",
-             clusters: int = 2, products: int = 4, seed: int = 0, hp: dict[str, Any] | None = None,
-             assign: str = "flat", servers: int = 0, ledger: Path | None = None, extra_ranks: int = 0,
-             timeout: float | None = None) -> dict[str, Any]:
-    """One-pass training as an MPI job (1 + servers + clients ranks); returns its JSON summary.
+def cached_job(launcher: Launcher, runs: Path, module: str, ranks: int, args: list[str],
+               outputs: dict[str, str], timeout: float | None = None) -> dict[str, Any]:
+    """Run ``python -m module args`` once per distinct (module, ranks, args); reuse it afterwards.
+
+    The job's output files (``outputs``: flag -> file name) go to ``runs/<key>/``, where ``key``
+    hashes the command without them; its JSON result is saved there last. Experiments sharing a
+    shard cache thus share identical runs (commcost reuses table7's), and an interrupted
+    experiment resumes job by job. Shard directories are named by everything that made them,
+    so the same arguments mean the same data.
+
+    Returns:
+        The job's JSON result plus ``ranks``, ``job_seconds``, ``run_dir``, ``cached`` and, per
+        output flag, ``<name>_path`` (e.g. ``model_path`` for ``--model``).
+    """
+    from mpifc.runtime.atomic import atomic_write_text
+
+    key = hashlib.sha256(json.dumps([module, ranks, args]).encode()).hexdigest()[:20]
+    run_dir = runs / key
+    done = run_dir / "result.json"
+    if done.exists():
+        return {**json.loads(done.read_text()), "cached": True}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    full = list(args)
+    paths = {}
+    for flag, name in outputs.items():
+        full += [flag, str(run_dir / name)]
+        paths[flag.lstrip("-").replace("-", "_") + "_path"] = str(run_dir / name)
+    job = launcher.run(ranks, ["-m", module, *full], timeout)
+    res = {**job.last_json(), **paths, "ranks": ranks, "job_seconds": job.seconds, "run_dir": str(run_dir),
+           "command": " ".join(job.cmd)}
+    res.pop("ledger", None)  # the baselines' per-kind breakdown: the ledger file has it all
+    atomic_write_text(done, json.dumps(res, indent=1))
+    return {**res, "cached": False}
+
+
+def fc_train_args(shards: Path, *, learner: str = "learnspn", glue: str = "random", clusters: int = 2,
+                  products: int = 4, seed: int = 0, hp: dict[str, Any] | None = None, assign: str = "flat",
+                  servers: int = 0, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+    """``fc_job train`` arguments (output files left out) and the number of ranks they need.
 
     ``hp`` holds LearnSPN's ``threshold`` / ``min_instances_slice`` and any other learner
-    hyperparameter (passed as ``--hp KEY=VALUE``).
+    hyperparameter (passed as ``--hp KEY=VALUE``); keys ending in ``_paper`` are provenance only.
     """
     args = ["train", str(shards), "--learner", learner, "--glue", glue, "--clusters", str(clusters),
-            "--products", str(products), "--seed", str(seed), "--model", str(model), "--json",
-            "--assign", assign]
+            "--products", str(products), "--seed", str(seed), "--json", "--assign", assign, *extra]
     if assign == "tree":
         args += ["--servers", str(servers)]
-    if ledger is not None:
-        args += ["--ledger", str(ledger)]
     for k, v in (hp or {}).items():
         if k.endswith("_paper"):
-            continue  # provenance only
+            continue
         if k == "threshold":
             args += ["--threshold", str(v)]
         elif k == "min_instances_slice":
             args += ["--min-instances-slice", str(v)]
         else:
             args += ["--hp", f"{k}={v}"]
-    ranks = 1 + (servers if assign == "tree" else 0) + n_clients(shards) + extra_ranks
-    model.parent.mkdir(parents=True, exist_ok=True)
+    return args, 1 + (servers if assign == "tree" else 0) + n_clients(shards)
+
+
+def train_fc(launcher: Launcher, shards: Path, model: Path, *, ledger: Path | None = None,
+             timeout: float | None = None, **kw: Any) -> dict[str, Any]:
+    """One-pass training as an MPI job writing ``model`` (and ``ledger``); returns its summary.
+
+    ``kw`` are :func:`fc_train_args`' options. Not cached: see :func:`train_fc_cached`.
+    """
+    args, ranks = fc_train_args(shards, **kw)
+    args += ["--model", str(model)] + (["--ledger", str(ledger)] if ledger is not None else [])
+    Path(model).parent.mkdir(parents=True, exist_ok=True)
     job = launcher.run(ranks, ["-m", FC_JOB, *args], timeout)
-    summary = job.last_json()
-    summary["ranks"] = ranks
-    summary["job_seconds"] = job.seconds
-    return summary
+    return {**job.last_json(), "ranks": ranks, "job_seconds": job.seconds}
+
+
+def train_fc_cached(launcher: Launcher, shards: Path, runs: Path, *, em_initial: bool = False,
+                    timeout: float | None = None, **kw: Any) -> dict[str, Any]:
+    """:func:`train_fc` through :func:`cached_job`: model and ledger live in the run's folder.
+
+    Returns:
+        The training summary plus ``model_path`` and ``ledger_path`` (and
+        ``em_initial_model_path`` with ``em_initial``).
+    """
+    args, ranks = fc_train_args(shards, **kw)
+    outputs = {"--model": "model.h5", "--ledger": "ledger.csv"}
+    if em_initial:
+        outputs["--em-initial-model"] = "one-pass.h5"
+    return cached_job(launcher, runs, FC_JOB, ranks, args, outputs, timeout)
 
 
 def evaluate_fc(shards: Path, model: Path, npz: Path | None = None) -> dict[str, Any]:
@@ -174,29 +234,23 @@ def central_learnspn(central_shards: Path, threshold: float, min_instances_slice
             "test_rows": int(test.x.shape[0])}
 
 
-def run_fedavg(launcher: Launcher, shards: Path, seed: int, rounds: int, local_epochs: int = 1,
-               hidden: str = "64,32", lr: float = 0.1, batch_size: int = 32, ledger: Path | None = None,
-               timeout: float | None = None) -> dict[str, Any]:
-    """FedAvg-MLP as an MPI job (1 + clients ranks); returns its JSON result."""
+def run_fedavg(launcher: Launcher, shards: Path, runs: Path, seed: int, rounds: int, local_epochs: int = 1,
+               hidden: str = "64,32", lr: float = 0.1, batch_size: int = 32, timeout: float | None = None
+               ) -> dict[str, Any]:
+    """FedAvg-MLP as an MPI job (1 + clients ranks), through :func:`cached_job`."""
     args = [str(shards), "--seed", str(seed), "--rounds", str(rounds), "--local-epochs", str(local_epochs),
             "--hidden", hidden, "--lr", str(lr), "--batch-size", str(batch_size), "--json"]
-    if ledger is not None:
-        args += ["--ledger", str(ledger)]
-    res = launcher.run_module(1 + n_clients(shards), "mpifc.baselines.fedavg", args, timeout)
-    res.pop("ledger", None)
-    return res
+    return cached_job(launcher, runs, "mpifc.baselines.fedavg", 1 + n_clients(shards), args,
+                      {"--ledger": "ledger.csv"}, timeout)
 
 
-def run_splitnn(launcher: Launcher, shards: Path, seed: int, epochs: int, cut: int = 8, lr: float = 0.1,
-                batch_size: int = 32, ledger: Path | None = None, timeout: float | None = None) -> dict[str, Any]:
-    """SplitNN-MLP as an MPI job (1 + clients ranks); returns its JSON result."""
+def run_splitnn(launcher: Launcher, shards: Path, runs: Path, seed: int, epochs: int, cut: int = 8,
+                lr: float = 0.1, batch_size: int = 32, timeout: float | None = None) -> dict[str, Any]:
+    """SplitNN-MLP as an MPI job (1 + clients ranks), through :func:`cached_job`."""
     args = [str(shards), "--seed", str(seed), "--epochs", str(epochs), "--cut", str(cut), "--lr", str(lr),
             "--batch-size", str(batch_size), "--json"]
-    if ledger is not None:
-        args += ["--ledger", str(ledger)]
-    res = launcher.run_module(1 + n_clients(shards), "mpifc.baselines.splitnn", args, timeout)
-    res.pop("ledger", None)
-    return res
+    return cached_job(launcher, runs, "mpifc.baselines.splitnn", 1 + n_clients(shards), args,
+                      {"--ledger": "ledger.csv"}, timeout)
 
 
 def central_hgb(shards: Path, seed: int) -> dict[str, Any]:

@@ -42,6 +42,7 @@ MODULES: dict[str, str] = {
     "commcost": "mpifc.experiments.communication",
     "scaling": "mpifc.experiments.scaling",
     "decentralization": "mpifc.experiments.registry",
+    "fedngm": "mpifc.experiments.fedngm",
 }
 
 

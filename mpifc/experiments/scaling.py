@@ -26,8 +26,9 @@ import numpy as np
 
 from mpifc.errors import UserError
 from mpifc.experiments import registry
-from mpifc.experiments.jobs import ShardCache, ShardSpec, evaluate_fc, train_fc
+from mpifc.experiments.jobs import ShardCache, ShardSpec, capped_hp, evaluate_fc, train_fc_cached
 from mpifc.experiments.launcher import REPO, Launcher
+from mpifc.experiments.paper import TABLE4
 from mpifc.experiments.report import markdown_table, provenance, short_error
 from mpifc.experiments.store import OK, Cell, ResultStore, aggregate, run_cells, save_figure, write_csv, \
     write_h5_table
@@ -115,7 +116,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
 
     Args:
         ranks: rank counts (default 2,4,8,16,32; quick 2,3).
-        max_rows: strong scaling's rows (default 300 quick, 20,000 otherwise).
+        max_rows: strong scaling's rows (default: all quick, 20,000 otherwise).
         rows_per_client: weak scaling's training rows per client (default 40 quick, 1,000).
         assign, servers: ``tree`` runs with ``servers`` intermediate server ranks (clients =
             R - 1 - S); the projection uses ``servers`` (default 32) either way.
@@ -131,7 +132,8 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     n_srv = int(servers or 0) if assign == "tree" else 0
     if assign == "tree" and n_srv < 1:
         raise UserError("scaling --assign tree needs --servers S >= 1")
-    strong_rows = max_rows if max_rows is not None else (300 if quick else 20_000)
+    # quick: all of breast cancer (569 rows), so the 3-rank point is table7's quick run, reused
+    strong_rows = max_rows if max_rows is not None else (None if quick else 20_000)
     rpc = rows_per_client or (40 if quick else 1000)
     cache = ShardCache(shards or out / "shards")
     launch = launcher or Launcher(timeout=timeout or (600 if quick else 6 * 3600))
@@ -146,10 +148,10 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     def work(cell: Cell) -> dict[str, Any]:
         rows = strong_rows if cell.setting == "strong" else int(math.ceil(rpc * cell.clients / (1 - TEST_FRACTION)))
         d = cache.get(ShardSpec(cell.dataset, "horizontal", cell.clients, cell.seed, max_rows=rows))
-        model = out / "models" / cell.relpath().with_suffix(".h5").relative_to("cells")
-        tr = train_fc(launch, d, model, seed=cell.seed, hp={"threshold": 0.4, "min_instances_slice": 100},
-                      assign=assign, servers=n_srv)
-        ev = evaluate_fc(d, model)
+        thr, mis, glue = TABLE4["horizontal"].get(cell.dataset, (0.4, 100, "random"))
+        tr = train_fc_cached(launch, d, cache.runs, seed=cell.seed, glue=glue, assign=assign, servers=n_srv,
+                             hp=capped_hp({"threshold": thr, "min_instances_slice": mis}, d))
+        ev = evaluate_fc(d, Path(tr["model_path"]))
         from data_prep.shards import load_manifest
 
         m = load_manifest(d)
@@ -157,7 +159,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
                 "train_seconds_critical_path": tr["train_seconds_critical_path"],
                 "train_seconds_total": tr["train_seconds_total"], "bytes_train": tr["bytes_train"],
                 "messages_train": tr["messages_train"], "test_ll": ev["test_ll"], "rows": int(m.n_train),
-                "rows_per_client": m.n_train / cell.clients}
+                "rows_per_client": m.n_train / cell.clients, "cached_run": tr["cached"]}
 
     records, counts = run_cells(store, cells, work, "scaling", progress)
     agg = aggregate(records, METRICS)
@@ -187,7 +189,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
              else [a["setting"], a["clients"] + 1 + n_srv, a["clients"], short_error(a), *["–"] * 6] for a in
              sorted(agg, key=lambda a: (a["setting"], a["clients"]))]
     md = provenance(f"Scaling sweep: FedPC one-pass training on {dataset}", seeds, quick, {
-        "strong": f"{strong_rows} rows in total (80% train) over R - 1 clients",
+        "strong": f"{strong_rows or 'all'} rows in total (80% train) over R - 1 clients",
         "weak": f"{rpc} training rows per client",
         "assign": f"{assign}" + (f", {n_srv} intermediate servers" if n_srv else ""),
         "alpha-beta": f"alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e6:.1f} MB/s from {csv_path} ({source})",

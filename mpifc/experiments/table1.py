@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mpifc.experiments import paper, registry
-from mpifc.experiments.jobs import ShardCache, ShardSpec, capped_hp, central_learnspn, evaluate_fc, train_fc
+from mpifc.experiments.jobs import ShardCache, ShardSpec, capped_hp, central_learnspn, evaluate_fc, \
+    train_fc_cached
 from mpifc.experiments.launcher import Launcher
 from mpifc.experiments.report import fmt, markdown_table, paper_fmt, provenance, short_error
 from mpifc.experiments.store import NOT_RUN, OK, Cell, ResultStore, aggregate, run_cells, save_figure, write_csv, \
@@ -75,6 +76,8 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     def work(cell: Cell) -> dict[str, Any]:
         if cell.dataset == "mnist" and no_einet:
             return {"status": NOT_RUN, "reason": no_einet}
+        if cell.dataset == "mnist" and cell.setting == "central":
+            return {"status": NOT_RUN, "reason": "a centralized EiNet reference is not wired into table1 yet"}
         if cell.setting == "central":
             hp, _, _ = hyperparameters(cell.dataset, "horizontal")
             d = cache.get(ShardSpec(cell.dataset, "central", 1, cell.seed, max_rows=rows))
@@ -85,14 +88,14 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         split = "label" if cell.setting == "horizontal" else "iid"
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, split=split, max_rows=rows))
         hp = capped_hp(hp, d)
-        model = out / "models" / cell.relpath().with_suffix(".h5").relative_to("cells")
-        tr = train_fc(launch, d, model, learner=learner, glue=glue, seed=cell.seed, hp=hp)
-        ev = evaluate_fc(d, model)
+        tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=glue, seed=cell.seed, hp=hp)
+        ev = evaluate_fc(d, Path(tr["model_path"]))
         return {"test_ll": ev["test_ll"], "accuracy": ev.get("accuracy"),
                 "train_seconds_critical_path": tr["train_seconds_critical_path"],
                 "train_seconds_total": tr["train_seconds_total"], "bytes_train": tr["bytes_train"],
                 "messages_train": tr["messages_train"], "n_parameters": tr["n_parameters"], "ranks": tr["ranks"],
-                "hp": hp, "glue": glue, "learner": learner, "split": split, "shards": str(d)}
+                "hp": hp, "glue": glue, "learner": learner, "split": split, "shards": str(d),
+                "model": tr["model_path"], "ledger": tr["ledger_path"], "cached_run": tr["cached"]}
 
     records, counts = run_cells(store, cells, work, "table1", progress)
     add_relative_runtime(records)

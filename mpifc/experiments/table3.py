@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mpifc.experiments import registry
-from mpifc.experiments.jobs import FC_JOB, ShardCache, ShardSpec, evaluate_fc, n_clients
+from mpifc.experiments.jobs import ShardCache, ShardSpec, evaluate_fc, train_fc_cached
 from mpifc.experiments.launcher import Launcher
 from mpifc.experiments.report import fmt, markdown_table, provenance, short_error
 from mpifc.experiments.store import NOT_RUN, OK, Cell, ResultStore, aggregate, run_cells, save_figure, write_csv, \
@@ -58,18 +58,14 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
             return {"status": NOT_RUN, "reason": "the paper does not specify its synthetic data"}
         glue = cell.method.split("-", 1)[1]
         d = cache.get(ShardSpec(cell.dataset, "vertical", cell.clients, cell.seed, max_rows=rows))
-        base = out / "models" / cell.relpath().with_suffix("").relative_to("cells")
-        base.parent.mkdir(parents=True, exist_ok=True)
-        init, final = base.with_suffix(".one-pass.h5"), base.with_suffix(".em.h5")
-        args = ["train", str(d), "--learner", "ratspn", *client_learners(d), "--glue", glue, "--clusters", "2",
-                "--seed", str(cell.seed), "--refine", "em", "--em-iters", str(iters), "--em-initial-model", str(init),
-                "--model", str(final), "--threshold", "0.4", "--min-instances-slice", "30", "--json"]
-        job = launch.run(1 + n_clients(d), ["-m", FC_JOB, *args])
-        tr = job.last_json()
+        extra = [*client_learners(d), "--refine", "em", "--em-iters", str(iters)]
+        tr = train_fc_cached(launch, d, cache.runs, learner="ratspn", glue=glue, seed=cell.seed, extra=extra,
+                             hp={"threshold": 0.4, "min_instances_slice": 30}, em_initial=True)
+        init, final = Path(tr["em_initial_model_path"]), Path(tr["model_path"])
         one, em = evaluate_fc(d, init)["test_ll"], evaluate_fc(d, final)["test_ll"]
         return {"ll_one_pass": one, "ll_em": em, "ll_gain": em - one, "em_iters": iters,
                 "em_seconds": tr.get("server_seconds", {}).get("em"), "em_train_ll": tr.get("em_train_ll"),
-                "bytes_train": tr["bytes_train"]}
+                "bytes_train": tr["bytes_train"], "cached_run": tr["cached"]}
 
     records, counts = run_cells(store, cells, work, "table3", progress)
     agg = aggregate(records, METRICS)

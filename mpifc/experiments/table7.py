@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from mpifc.experiments import paper, registry
 from mpifc.experiments.jobs import (ShardCache, ShardSpec, capped_hp, central_hgb, evaluate_fc, run_fedavg,
-                                    run_splitnn, train_fc)
+                                    run_splitnn, train_fc_cached)
 from mpifc.experiments.launcher import Launcher
 from mpifc.experiments.report import fmt, markdown_table, paper_fmt, provenance, short_error
 from mpifc.experiments.store import OK, Cell, ResultStore, aggregate, run_cells, save_figure, write_csv, \
@@ -83,19 +83,20 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
             thr, mis, glue = paper.TABLE4[cell.setting][cell.dataset]
             learner = "learnspn" if cell.method == "fc-pc" else "dt"
             hp = capped_hp({"threshold": thr, "min_instances_slice": mis}, d) if learner == "learnspn" else {}
-            model = out / "models" / cell.relpath().with_suffix(".h5").relative_to("cells")
-            tr = train_fc(launch, d, model, learner=learner, glue=glue, seed=cell.seed, hp=hp)
+            tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=glue, seed=cell.seed, hp=hp)
+            model = Path(tr["model_path"])
             ev = evaluate_fc(d, model, npz=model.with_suffix(".test.npz"))
             return {"accuracy": ev["accuracy"], "f1": ev["f1"], "f1_binary": ev.get("f1_binary"),
                     "test_ll": ev["test_ll"], "bytes_train": tr["bytes_train"],
                     "train_seconds_critical_path": tr["train_seconds_critical_path"], "ranks": tr["ranks"],
-                    "label_owner": owner or "default", "hp": hp}
+                    "label_owner": owner or "default", "hp": hp, "model": str(model),
+                    "predictions": str(model.with_suffix(".test.npz")), "cached_run": tr["cached"]}
         if cell.method == "fedavg":
-            res = run_fedavg(launch, d, cell.seed, rounds=b["rounds"])
+            res = run_fedavg(launch, d, cache.runs, cell.seed, rounds=b["rounds"])
         else:
-            res = run_splitnn(launch, d, cell.seed, epochs=b["epochs"])
+            res = run_splitnn(launch, d, cache.runs, cell.seed, epochs=b["epochs"])
         return {"accuracy": res["accuracy"], "f1": res["f1"], "bytes_train": res["bytes_train"],
-                "wall_seconds": res.get("wall_seconds"), "n_parameters": res.get("n_parameters"), **b}
+                "wall_seconds": res.get("wall_seconds"), "n_parameters": res.get("n_parameters"), "ledger": res["ledger_path"], "cached_run": res["cached"], **b}
 
     records, counts = run_cells(store, cells, work, "table7", progress)
     return write_outputs(out, records, counts, seeds, quick, datasets, grid, rows)

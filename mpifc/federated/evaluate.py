@@ -7,17 +7,28 @@ at once (only those nodes carry the class axis; the rest broadcast). The runtime
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
-import torch
-from scipy.special import logsumexp
 
 from mpifc.errors import UserError
 from mpifc.federated.structure import AVERAGE, LEAF, PRODUCT, SUM, FederatedCircuit, Node
 
+if TYPE_CHECKING:
+    import torch
+
 Columns = dict[str, np.ndarray]
+
+
+# torch and scipy are imported on first use only: an MPI rank that evaluates numpy leaves
+# (factorised, decision trees) or combines no sums pays for neither at start-up.
+def logsumexp(a: Any, **kwargs: Any) -> Any:
+    """:func:`scipy.special.logsumexp`, imported on first call."""
+    from scipy.special import logsumexp as _logsumexp
+
+    return _logsumexp(a, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -71,9 +82,17 @@ def leaf_input(node: Node, cols: Columns) -> np.ndarray:
 
 
 def _to_numpy(v: torch.Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(v, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported yet: v cannot be a tensor
+    if torch is not None and isinstance(v, torch.Tensor):
         v = v.detach().cpu().numpy()
     return np.asarray(v, dtype=np.float64).reshape(-1)
+
+
+def _model_ll(model: Any, x: np.ndarray) -> np.ndarray:
+    """``model.log_likelihood(x)`` as float64 ``(n,)``; a model's ``log_likelihood_numpy`` (the
+    same values without a torch round trip) is used when it has one."""
+    fast = getattr(model, "log_likelihood_numpy", None)
+    return _to_numpy(fast(x) if fast is not None else model.log_likelihood(x))
 
 
 def leaf_values(node: Node, cols: Columns, query: Query = Query()) -> np.ndarray:
@@ -84,12 +103,12 @@ def leaf_values(node: Node, cols: Columns, query: Query = Query()) -> np.ndarray
     x = leaf_input(node, cols)
     t = query.expand_target
     if t is None or t not in node.leaf.features:
-        return _to_numpy(model.log_likelihood(x)).reshape(-1, 1)
+        return _model_ll(model, x).reshape(-1, 1)
     j = node.leaf.features.index(t)
     n, k = x.shape[0], query.n_classes
     rep = np.repeat(x, k, axis=0)
     rep[:, j] = np.tile(np.arange(k, dtype=np.float64), n)
-    return _to_numpy(model.log_likelihood(rep)).reshape(n, k)
+    return _model_ll(model, rep).reshape(n, k)
 
 
 def combine(node: Node, child_values: list[np.ndarray]) -> np.ndarray:
@@ -179,7 +198,7 @@ def mpe(fc: FederatedCircuit, x: Mapping[str, np.ndarray] | np.ndarray) -> np.nd
             xi = leaf_input(node, cols)
             comp = np.asarray(node.leaf.model.mpe(xi), dtype=np.float64)
             completions[nid] = comp
-            values[nid] = _to_numpy(node.leaf.model.log_likelihood(comp))
+            values[nid] = _model_ll(node.leaf.model, comp)
         elif node.op == PRODUCT:
             values[nid] = np.sum([values[c] for c in node.children], axis=0)
         elif node.op == SUM:

@@ -6,13 +6,19 @@ K clusters per client it already makes a FedPC a proper mixture of products.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
 from mpifc.circuit.io import register_model
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported on first use only (it takes seconds): a rank that fits, ships and evaluates
+# factorised leaves with numpy never needs it.
 
 REAL_TYPES = ("real", "continuous", "gaussian")
 MIN_VAR = 1e-4
@@ -135,7 +141,13 @@ class FactorizedModel:
         return np.where(obs, ll, 0.0)
 
     def log_likelihood(self, x: Any) -> torch.Tensor:
-        return torch.from_numpy(self._column_ll(_np(x)).sum(axis=1))
+        import torch
+
+        return torch.from_numpy(self.log_likelihood_numpy(x))
+
+    def log_likelihood_numpy(self, x: Any) -> np.ndarray:
+        """:meth:`log_likelihood` as a float64 ``(n,)`` numpy array, without importing torch."""
+        return self._column_ll(_np(x)).sum(axis=1)
 
     def mpe(self, x: Any) -> np.ndarray:
         x = _np(x).copy()
@@ -185,7 +197,8 @@ class FactorizedModel:
 
 
 def _np(x: Any) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported yet: x cannot be a tensor
+    if torch is not None and isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     x = np.asarray(x, dtype=np.float64)
     return x.reshape(1, -1) if x.ndim == 1 else x

@@ -12,12 +12,15 @@ Trees are stored as their node arrays (no pickle) and evaluated with numpy.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import sys
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
 from mpifc.circuit.io import register_model
+
+if TYPE_CHECKING:
+    import torch
 
 PROB_FLOOR = 1e-6  # keeps log p finite for classes a leaf never saw
 
@@ -72,13 +75,21 @@ class TreeClassifier:
         return self.probs[node]
 
     def log_likelihood(self, x: Any) -> torch.Tensor:
-        x = np.asarray(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
+        import torch
+
+        return torch.from_numpy(self.log_likelihood_numpy(x))
+
+    def log_likelihood_numpy(self, x: Any) -> np.ndarray:
+        """:meth:`log_likelihood` as a float64 ``(n,)`` numpy array, without importing torch."""
+        torch = sys.modules.get("torch")  # not imported yet: x cannot be a tensor
+        is_tensor = torch is not None and isinstance(x, torch.Tensor)
+        x = np.asarray(x.detach().cpu().numpy() if is_tensor else x, dtype=np.float64)
         p = self.class_probs(x)
         y = x[:, self.target_index]
         out = np.zeros(len(x))
         ok = ~np.isnan(y)
         out[ok] = np.log(p[np.flatnonzero(ok), y[ok].astype(np.int64)])
-        return torch.from_numpy(out)
+        return out
 
     def num_parameters(self) -> int:
         return int(self.probs.size + 2 * len(self.left))

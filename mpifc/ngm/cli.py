@@ -55,6 +55,8 @@ def add_ngm_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--graph-alpha", type=float, default=0.05, help="graphical lasso penalty of the local graphs")
     g.add_argument("--stitch-hidden", type=int, default=0,
                    help="hidden units per layer a client adds to stitch its extra features (0 = no stitching)")
+    g.add_argument("--features", default=None, metavar="A,B,...",
+                   help="model only these shard columns (every client must hold them); default: all")
     g.add_argument("--save-local", default=None, metavar="DIR",
                    help="each client also writes its own local NGM to DIR/client-<i>.h5")
     g.add_argument("--folds", type=int, default=1, help="with --fold: clients hold out 1/FOLDS of their rows")
@@ -140,8 +142,14 @@ def _train_job(ctx: Any) -> int:
     index = ctx.rank - 1
     shard = read_client(cfg["dir"], index)
     keep, _ = fold_rows(len(shard.x_train), cfg["folds"], cfg["fold"], cfg["seed"] + index)
-    x = shard.x_train[keep]
-    res = fedngm_rank(ctx, settings, x, shard_schema(manifest, list(shard.features)))
+    names = list(shard.features)
+    if cfg.get("features"):
+        lacking = [n for n in cfg["features"] if n not in names]
+        if lacking:
+            raise UserError(f"client {index} (rank {ctx.rank}): --features {lacking} not in its shard {names}")
+        names = list(cfg["features"])
+    x = shard.x_train[keep][:, [list(shard.features).index(n) for n in names]]
+    res = fedngm_rank(ctx, settings, x, shard_schema(manifest, names))
     if cfg.get("save_local"):
         save_ngm(res.local_model, Path(cfg["save_local"]) / f"client-{index}.h5",
                  {"family": "ngm", "client": index, "fold": cfg["fold"], "folds": cfg["folds"]})
@@ -163,7 +171,8 @@ def train_main(args: argparse.Namespace) -> int:
            "lam": args.lam, "epochs": args.epochs, "hidden": list(args.hidden), "batch_size": args.batch_size,
            "lr": args.lr, "samples": args.samples, "proportional": bool(args.proportional),
            "public": args.public, "graph_alpha": args.graph_alpha, "stitch_hidden": args.stitch_hidden,
-           "save_local": args.save_local, "folds": args.folds, "fold": args.fold}
+           "save_local": args.save_local, "folds": args.folds, "fold": args.fold,
+           "features": [n.strip() for n in args.features.split(",") if n.strip()] if args.features else None}
     _settings(cfg)  # bad settings fail here, before any rank starts
     load_manifest(args.dir)
 

@@ -66,23 +66,30 @@ def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] |
     return None
 
 
-def warm_up(learners: set[str]) -> None:
-    """Import the heavy modules before any timer starts: import time is not training time."""
-    import importlib
+# What each learner's fit imports (numpy-only learners need no torch: see factorized.py).
+_LEARNER_MODULES = {"learnspn": ("torch", "mpifc.circuit.learnspn"), "ratspn": ("torch", "mpifc.circuit.ratspn"),
+                    "einet": ("torch", "mpifc.circuit.einet"), "dt": ("sklearn.tree",), "factorized": ()}
 
-    import sklearn.cluster  # noqa: F401
-    import torch  # noqa: F401
+
+def warm_up(learners: set[str], cluster: bool = True) -> None:
+    """Import the heavy modules this rank will use before any timer starts: import time is not
+    training time. Modules the rank does not need are not imported at all (each costs seconds
+    of start-up): ``cluster`` (k-means, sklearn) only where rows are clustered, torch only for
+    learners built on it.
+    """
+    import importlib
 
     import mpifc.federated.factorized  # noqa: F401
 
-    for name in learners:
-        mod = {"learnspn": "mpifc.circuit.learnspn", "ratspn": "mpifc.circuit.ratspn",
-               "einet": "mpifc.circuit.einet"}.get(name)
-        if mod:
-            try:
-                importlib.import_module(mod)
-            except ImportError:
-                pass  # the learner call itself reports a missing module clearly
+    mods = ["sklearn.cluster"] if cluster else []
+    for name in sorted(learners):
+        # An unknown (e.g. third-party registered) learner: import everything, as before.
+        mods += _LEARNER_MODULES.get(name, ("sklearn.cluster", "torch"))
+    for mod in dict.fromkeys(mods):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass  # the learner call itself reports a missing module clearly
 
 
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
@@ -98,7 +105,7 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
                0, P.DECLARE)
     plan: FederationPlan = t.recv_obj(0, P.PLAN)
     # After the plan: bad input is caught before anyone pays for the heavy imports.
-    warm_up({task.learner for task in plan.tasks})
+    warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks))
     ctx.ledger.set_phase("learn")
     t0 = time.perf_counter()
     report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
@@ -169,7 +176,8 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
                             "same rows in the same order (vertical data with aligned ids)")
     for c in sorted(ranks):
         t.send_obj(client_plan(plan, c), ranks[c], P.PLAN)
-    warm_up({task.learner for task in plan.tasks})
+    # The server fits nothing: it only needs the leaf models' classes to deserialize them.
+    warm_up({task.learner for task in plan.tasks} - {"dt"}, cluster=False)
     ctx.ledger.set_phase("learn")
     reports = []
     for c in sorted(ranks):

@@ -231,3 +231,8 @@ def test_di_pack_suffices_for_decentralised_inference() -> None:
         expected = 8 * sum(len(n.children) + len(n.weights) for n in inner) + 8 * 2 * n_label_tables
         assert dze.di_pack_bytes(fc, agent, schema) == expected
     assert dze.di_pack_bytes(fc, 1, schema) > dze.di_pack_bytes(fc, 0, schema)  # 1 needs 0's label tables
+
+
+def test_zero_likelihood_rows_counts_rows_without_evidence() -> None:
+    lj = np.array([[-1.0, -2.0], [-1e30, -1e30], [-np.inf, -1e30], [-1e30, -3.0]])
+    assert dze.zero_likelihood_rows(lj) == 2

@@ -60,10 +60,14 @@ def test_cli_bad_input_exits_2_naming_it(capsys):
     assert "table7" in capsys.readouterr().out
 
 
-def test_decentralization_runs_through_the_registry(tmp_path):
-    summary = registry.get("decentralization").run(tmp_path, [0], True)
-    assert (tmp_path / "fig2_two_agents.png").stat().st_size > 0
-    assert "exact" in summary
+def test_decentralization_is_registered_with_its_signature(monkeypatch, tmp_path):
+    from mpifc.experiments import decentralization
+
+    seen = {}
+    monkeypatch.setattr(decentralization, "run", lambda out, quick, parts: seen.update(out=out, quick=quick,
+                                                                                       parts=parts) or {})
+    registry.get("decentralization").run(tmp_path, [0, 1], True, parts=["exact"])
+    assert seen == {"out": tmp_path, "quick": True, "parts": ("exact",)}
 
 
 def test_launcher_commands():

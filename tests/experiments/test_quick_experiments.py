@@ -83,9 +83,10 @@ def test_table7_quick(quick_table7, shard_cache):
     rerun_skips_everything("table7", out, shard_cache, 7)
 
 
-def test_a_failing_method_is_recorded_not_raised(tmp_path, shard_cache, quick_table7):
+def test_a_failing_method_is_recorded_not_raised(tmp_path):
     broken = Launcher(slurm=False, mpiexec="/bin/false")
-    summary = registry.get("table7").run(tmp_path, [0], True, shards=shard_cache, progress=False,
+    # a shard cache of its own: the shared one holds table7's finished runs, which would be reused
+    summary = registry.get("table7").run(tmp_path, [0], True, shards=tmp_path / "shards", progress=False,
                                          launcher=broken, methods=["fc-pc", "hgb"], grid=[("horizontal", 2)])
     cells = by_cell(summary)
     assert cells[("horizontal", 2, "fc-pc")]["status"] == "failed"
@@ -94,7 +95,7 @@ def test_a_failing_method_is_recorded_not_raised(tmp_path, shard_cache, quick_ta
     assert "failed: JobFailed" in (tmp_path / "table7.md").read_text()
 
 
-def test_commcost_quick(quick_commcost):
+def test_commcost_quick_reuses_table7_runs(quick_table7, quick_commcost):
     out, summary = quick_commcost
     assert_written(out, "cells.csv", "cells.h5", "summary.csv", "commcost.md", "commcost.png")
     cells = by_cell(summary)
@@ -107,9 +108,13 @@ def test_commcost_quick(quick_commcost):
         assert rec["measured_bytes"] > 0 and rec["formula_bytes"] > 0 and finite(rec["ratio"])
         assert rec["measured_total_bytes"] >= rec["measured_bytes"]
     assert "measured / formula" in (out / "commcost.md").read_text()
+    # identical jobs (same shards, settings, budgets) ran once, for table7
+    assert all(r["cached_run"] for r in cells.values())
+    t7 = by_cell(quick_table7[1])
+    assert cells[("horizontal", 2, "fedavg")]["ledger"] == t7[("horizontal", 2, "fedavg")]["ledger"]
 
 
-def test_scaling_quick_and_sweep_resume(quick_scaling, shard_cache, capsys):
+def test_scaling_quick_and_sweep_resume(quick_table7, quick_scaling, shard_cache, capsys):
     out, summary = quick_scaling
     assert_written(out, "cells.csv", "cells.h5", "summary.csv", "scaling.md", "scaling.png", "projection.csv",
                    "transport.csv")
@@ -122,6 +127,7 @@ def test_scaling_quick_and_sweep_resume(quick_scaling, shard_cache, capsys):
         assert finite(rec["test_ll"]) and rec["messages_train"] > 0
     assert cells[("weak", 2, "fedpc-flat")]["rows"] > cells[("weak", 1, "fedpc-flat")]["rows"]
     assert cells[("strong", 2, "fedpc-flat")]["rows"] == cells[("strong", 1, "fedpc-flat")]["rows"]
+    assert cells[("strong", 2, "fedpc-flat")]["cached_run"]  # table7's horizontal 2-client FC[PC] run
     assert summary["alpha"] > 0 and summary["beta"] > 0
     proj = {p["clients"]: p for p in summary["projection"]}
     assert set(proj) == {1024, 10_000}
