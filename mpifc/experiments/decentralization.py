@@ -247,8 +247,8 @@ def empirical_markdown(cases: list[tuple[EmpiricalCase, dict[str, dze.SettingRes
     """Per case: the four settings, then the costs shaped like Table I, then eq. 14 departures."""
     lines = ["# Cost of decentralisation on real data (issue 8, part 2)", "",
              "Test cross-entropy in nats (DI settings: worst agent), bytes as float64 payloads. "
-             f"CL = one-pass FedPC (label from client 0, {cfg.glue} glue, K = {cfg.n_clusters} clusters, "
-             f"LearnSPN {cfg.learnspn}); DL = one LearnSPN per agent "
+             f"CL = one-pass FedPC (label from client 0, {cfg.glue} glue, "
+             f"{cfg.n_clusters} clusters per client, LearnSPN {cfg.learnspn}); DL = one LearnSPN per agent "
              "on (X_k, Y), combined under DL/CI by a product of experts.", ""]
     for case, res, extras in cases:
         lines += [f"## {case.dataset}, {case.clients} clients "
@@ -268,11 +268,12 @@ def empirical_markdown(cases: list[tuple[EmpiricalCase, dict[str, dze.SettingRes
             lines.append(f"| {b} | " + " | ".join(cells) + " |")
         sens = extras.get("cl_by_clusters") or {}
         if sens:
-            lines += ["", "CL losses by FedPC clusters K (sensitivity): " + "; ".join(
-                f"K={k}: CL/CI {_fmt(ci)}, CL/DI {_fmt(max(di))}" for k, (ci, di) in sens.items()) + "."]
+            lines += ["", "CL losses by FedPC clusters per client (sensitivity): " + "; ".join(
+                f"{k}: CL/CI {_fmt(ci)}, CL/DI {_fmt(max(di))}" for k, (ci, di) in sens.items()) + "."]
         zero = extras.get("zero_likelihood_rows") or {}
         if any(zero.values()):
-            lines += ["", f"WARNING: test rows with zero likelihood for every class (posterior undefined): {zero}."]
+            lines += ["", "WARNING: test rows with zero likelihood for every class "
+                      f"(posterior undefined): {zero}."]
         dep = dze.eq14_departures(res)
         lines += ["", "eq. 14: " + ("holds." if not dep else "departs: " + "; ".join(dep) + "."), ""]
     lines += [
@@ -298,7 +299,7 @@ def _plot_empirical(cases: list[tuple[EmpiricalCase, dict[str, dze.SettingResult
     for i, s in enumerate(dz.SETTINGS):
         ax.bar(x + (i - 1.5) * width, [res[s].cross_entropy for _, res, _ in cases], width,
                color=_STYLE[s][0], label=s)
-    ax.set_xticks(x, [f"{c.dataset}\nK={c.clients}" for c, _, _ in cases], fontsize=8)
+    ax.set_xticks(x, [f"{c.dataset}\n{c.clients} clients" for c, _, _ in cases], fontsize=8)
     ax.set_ylabel("test cross-entropy [nats]")
     ax.set_title("Four settings on real data (DI: worst agent)", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
@@ -354,7 +355,8 @@ def run_empirical(out_dir: str | Path, quick: bool = False, seed: int = 0,
     _atomic_write_bytes(out / EMPIRICAL_MD, md.encode())
     _plot_empirical(done, out / EMPIRICAL_PNG)
     return {
-        "results": {f"{c.dataset}/{c.clients}": {s: vars(r).copy() for s, r in res.items()} for c, res, _ in done},
+        "results": {f"{c.dataset}/{c.clients}": {s: vars(r).copy() for s, r in res.items()}
+                    for c, res, _ in done},
         "eq14": {f"{c.dataset}/{c.clients}": dze.eq14_departures(res) for c, res, _ in done},
         "markdown": md,
         "cl_by_clusters": {f"{c.dataset}/{c.clients}": e["cl_by_clusters"] for c, _, e in done},

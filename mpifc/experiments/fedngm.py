@@ -37,10 +37,10 @@ METRICS = ("mae", "rmse", "auc", "aupr", "accuracy", "micro_precision", "micro_r
 
 def _settings(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"max_rows": 1200, "folds_run": 1, "epochs": 4, "hidden": "16,16", "samples": 600,
-                "public_rows": 300, "client_counts": (3,)}
+        return {"max_rows": 900, "folds_run": 1, "epochs": 3, "hidden": "8,8", "samples": 300, "calib_rows": 150,
+                "public_rows": 200, "client_counts": (3,), "fc_min_slice": 50}
     return {"max_rows": None, "folds_run": 5, "epochs": 30, "hidden": "32,32", "samples": 10_000,
-            "public_rows": 5000, "client_counts": (2, 3, 4, 6)}
+            "calib_rows": 1000, "public_rows": 5000, "client_counts": (2, 3, 4, 6), "fc_min_slice": 200}
 
 
 def _shards(root: Path, seed: int, clients: int, split: str, max_rows: int | None) -> Path:
@@ -65,7 +65,7 @@ def train_ngm(launch: Launcher, shards: Path, out: Path, seed: int, cfg: dict[st
     out.mkdir(parents=True, exist_ok=True)
     args = ["train", str(shards), "--model-family", "ngm", "--model", str(out / "global.h5"),
             "--save-local", str(out), "--features", ",".join(FEATURES), "--epochs", str(cfg["epochs"]),
-            "--hidden", cfg["hidden"], "--samples", str(cfg["samples"]), "--min-clients", str(clients),
+            "--hidden", cfg["hidden"], "--samples", str(cfg["samples"]), "--calib-rows", str(cfg["calib_rows"]), "--min-clients", str(clients),
             "--seed", str(seed), "--ledger", str(out / "ledger.csv"), "--json"]
     if fold is not None:
         args += ["--folds", str(folds), "--fold", str(fold)]
@@ -137,7 +137,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, launcher
         fc_model = out / "models" / f"seed{seed}" / "fedpc.h5"
         ledger = fc_model.with_suffix(".ledger.csv")
         jobs.train_fc(launch, d, fc_model, seed=seed, ledger=ledger,
-                      hp={"threshold": 0.3, "min_instances_slice": 50 if quick else 200})
+                      hp={"threshold": 0.3, "min_instances_slice": cfg["fc_min_slice"]})
         ev = jobs.evaluate_fc(d, fc_model)
         metrics.append({"model": "FedPC", "test": "public", "seed": seed, "fold": None, "target": "income",
                         "kind": "binary", "n": ev.get("n_test"), "accuracy": ev.get("accuracy")})
@@ -154,7 +154,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, launcher
                           "bytes_train": summ["bytes_ledger"]})
             fm = mdir / "fedpc.h5"
             jobs.train_fc(launch, di, fm, seed=seed, ledger=fm.with_suffix(".ledger.csv"),
-                          hp={"threshold": 0.3, "min_instances_slice": 200})
+                          hp={"threshold": 0.3, "min_instances_slice": cfg["fc_min_slice"]})
             costs.append({"method": "FedPC", "seed": seed, "clients": c, "split": "iid",
                           "model_file_bytes": fm.stat().st_size,
                           "bytes_train": _ledger_bytes(fm.with_suffix(".ledger.csv"))})

@@ -47,6 +47,7 @@ def add_ngm_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden", type=_hidden, default=(32, 32), metavar="H1,H2", help="hidden layer widths")
     g.add_argument("--batch-size", type=int, default=256)
     g.add_argument("--lr", type=float, default=2e-2)
+    g.add_argument("--calib-rows", type=int, default=1000, help="rows each NGM calibrates its sampler on")
     g.add_argument("--samples", type=int, default=10_000, help="samples the master draws from client NGMs in all")
     g.add_argument("--proportional", action="store_true",
                    help="draw samples in proportion to client sizes instead of equally")
@@ -109,7 +110,7 @@ def _settings(cfg: dict[str, Any]) -> Any:
     from mpifc.ngm.training import TrainConfig
 
     tc = TrainConfig(epochs=cfg["epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"], lam=cfg["lam"],
-                     seed=cfg["seed"])
+                     seed=cfg["seed"], calib_rows=cfg["calib_rows"])
     return FedNGMSettings(min_clients=cfg["min_clients"], hidden=tuple(cfg["hidden"]), client_config=tc,
                           global_config=tc, graph_alpha=cfg["graph_alpha"], total_samples=cfg["samples"],
                           proportional=cfg["proportional"], stitch_hidden=cfg["stitch_hidden"])
@@ -169,7 +170,7 @@ def train_main(args: argparse.Namespace) -> int:
         fold_rows(args.folds, args.folds, args.fold, 0)  # validates --fold/--folds
     cfg = {"dir": str(args.dir), "model": str(args.model), "seed": int(args.seed), "min_clients": args.min_clients,
            "lam": args.lam, "epochs": args.epochs, "hidden": list(args.hidden), "batch_size": args.batch_size,
-           "lr": args.lr, "samples": args.samples, "proportional": bool(args.proportional),
+           "lr": args.lr, "calib_rows": args.calib_rows, "samples": args.samples, "proportional": bool(args.proportional),
            "public": args.public, "graph_alpha": args.graph_alpha, "stitch_hidden": args.stitch_hidden,
            "save_local": args.save_local, "folds": args.folds, "fold": args.fold,
            "features": [n.strip() for n in args.features.split(",") if n.strip()] if args.features else None}

@@ -17,6 +17,12 @@ DATA = default_data_root()
 TINY = dze.FedPCConfig(n_clusters=2, n_products=2, learnspn={"min_instances_slice": 200})
 
 
+def _posterior(fc, schema: dze.Schema, blocks: list, visible: list[int]) -> np.ndarray:
+    """``log p(y | x_visible)`` ``(n, C)`` from one upward pass of ``fc``."""
+    values = dze.fedpc_class_values(fc, dze.evidence_columns(schema, blocks, visible), schema)
+    return dze.log_posterior(values[fc.root])
+
+
 def _read_csv(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -93,7 +99,7 @@ def test_fedpc_link_bytes_follow_scope_of_each_crossing_leaf() -> None:
     blocks, schema, y_train = exp.empirical_case_data(exp.EmpiricalCase("breast-cancer", 2, 120))
     fc = dze.train_fedpc(blocks, schema, TINY).fc
     n = blocks[0].x_test.shape[0]
-    values = dze.fedpc_class_values(fc, dze._columns(schema, blocks, [0, 1]), schema)
+    values = dze.fedpc_class_values(fc, dze.evidence_columns(schema, blocks, [0, 1]), schema)
     # Flat ψ: every leaf's value crosses once to the server; label leaves carry one column a class.
     expected = sum(8 * n * (2 if schema.target in leaf.scope else 1) for leaf in fc.leaves)
     assert dze.upward_link_bytes(fc, values) == expected == dze.fedpc_closed_form_bytes(fc, n, schema)
@@ -136,11 +142,10 @@ def test_algorithm1_with_label_on_every_client_predicts_the_prior() -> None:
     blocks, schema, _ = exp.empirical_case_data(exp.EmpiricalCase("breast-cancer", 2, 120))
     cfg = dze.FedPCConfig(n_clusters=2, n_products=2, label_from="all", learnspn=TINY.learnspn)
     fc = dze.train_fedpc(blocks, schema, cfg).fc
-    lp = dze.log_posterior(dze.fedpc_class_values(fc, dze._columns(schema, blocks, [0, 1]), schema)[fc.root])
+    lp = _posterior(fc, schema, blocks, [0, 1])
     np.testing.assert_allclose(lp, np.broadcast_to(lp[0], lp.shape), atol=1e-9)
     owner = dze.train_fedpc(blocks, schema, TINY).fc
-    lp0 = dze.log_posterior(dze.fedpc_class_values(owner, dze._columns(schema, blocks, [0, 1]),
-                                                   schema)[owner.root])
+    lp0 = _posterior(owner, schema, blocks, [0, 1])
     assert np.ptp(lp0[:, 1]) > 0.5  # the owner variant's posterior does depend on x
 
 
@@ -208,7 +213,7 @@ def test_di_pack_suffices_for_decentralised_inference() -> None:
     blocks, schema, _ = exp.empirical_case_data(exp.EmpiricalCase("breast-cancer", 2, 120))
     fc = dze.train_fedpc(blocks, schema, TINY).fc
     for agent in (0, 1):
-        cols = dze._columns(schema, blocks, [agent])
+        cols = dze.evidence_columns(schema, blocks, [agent])
         full = dze.log_posterior(dze.fedpc_class_values(fc, cols, schema)[fc.root])
         packed = copy.deepcopy(fc)
         n_label_tables = 0
