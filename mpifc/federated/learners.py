@@ -100,11 +100,12 @@ def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int, n_categories: S
 
 def _fit_einet(x: np.ndarray, meta_types: list[str], seed: int,
                n_categories: Sequence[int] | None = None, **hp: Any) -> Any:
+    """An EiNet fitted by EM; a one-feature subspace (no partition to make) gets a univariate
+    factorised leaf instead, since an EiNet needs at least two variables."""
+    if x.shape[1] < 2:
+        return _fit_factorized(x, meta_types, seed, n_categories)
     mod = _import("mpifc.circuit.einet", "einet")
-    fit = getattr(mod, "fit_einet", None) or getattr(mod, "learn_einet", None)
-    if fit is None:
-        raise UserError("learner 'einet': mpifc.circuit.einet has no fit_einet/learn_einet function")
-    return fit(x, meta_types, seed=seed, **_accepted(fit, hp))
+    return mod.fit_einet(x, meta_types, seed=seed, **_accepted(mod.fit_einet, hp))
 
 
 def _fit_dt(x: np.ndarray, meta_types: list[str], seed: int,

@@ -7,12 +7,12 @@
 """
 from mpifc.circuit.einet.model import EiNet, EiNetConfig, EiNetStats
 from mpifc.circuit.einet.region_graph import RegionGraph, poon_domingos, random_binary_trees
-from mpifc.circuit.einet.training import PRESETS, EMSchedule, bits_per_dim, evaluate, train_em
+from mpifc.circuit.einet.training import PRESETS, EMSchedule, bits_per_dim, evaluate, fit_einet, train_em
 from mpifc.circuit.io import register_model
 
 register_model("einet", EiNet.load)
 
 __all__ = [
     "EiNet", "EiNetConfig", "EiNetStats", "RegionGraph", "poon_domingos", "random_binary_trees",
-    "PRESETS", "EMSchedule", "bits_per_dim", "evaluate", "train_em",
+    "PRESETS", "EMSchedule", "bits_per_dim", "evaluate", "fit_einet", "train_em",
 ]

@@ -130,3 +130,38 @@ def evaluate(model: EiNet, x: ArrayLike) -> dict[str, float]:
     ll = model.log_likelihood(x)
     mean = float(ll.mean())
     return {"mean_ll": mean, "bpd": bits_per_dim(mean, len(model.scope))}
+
+
+def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sums: int = 10,
+              depth: int = 3, repetitions: int = 5, leaf: str | None = None, num_levels: int = 256,
+              image_shape: Sequence[int] | None = None, pd_num_pieces: Sequence[int] = (4,),
+              epochs: int = 5, batch_size: int | None = 256, online_em_frequency: int = 1,
+              online_em_stepsize: float = 0.5, dtype: str = "float64",
+              max_params: int | None = 100_000_000) -> EiNet:
+    """Fit an EiNet client PC on ``x (n, d)`` by EM: the learner behind ``--learner einet``.
+
+    ``image_shape`` selects a Poon-Domingos region graph (images); otherwise random binary trees
+    of ``depth`` (clamped to ``log2 d``) and ``repetitions`` (tabular data or any subspace).
+    ``leaf`` defaults to Gaussian for real features and Bernoulli/Categorical for discrete ones.
+    """
+    xt = np.asarray(x, dtype=np.float64)
+    d = xt.shape[1]
+    if leaf is None:
+        if all(m == "real" for m in meta_types):
+            leaf = "gaussian"
+        else:
+            levels = int(np.nanmax(xt)) + 1 if xt.size else 2
+            leaf = "bernoulli" if levels <= 2 else "categorical"
+            num_levels = max(levels, 2)
+    config = EiNetConfig(num_sums=num_sums, leaf=leaf, num_levels=num_levels, seed=seed,
+                         dtype=dtype, max_params=max_params)
+    if image_shape is not None:
+        model = EiNet.poon_domingos(image_shape, pd_num_pieces, config)
+    else:
+        depth = max(1, min(int(depth), int(np.floor(np.log2(max(d, 2))))))
+        model = EiNet.random_binary_trees(d, depth, repetitions, config)
+    schedule = EMSchedule(num_epochs=epochs, batch_size=batch_size,
+                          online_em_frequency=online_em_frequency,
+                          online_em_stepsize=online_em_stepsize, seed=seed)
+    train_em(model, xt, schedule)
+    return model
