@@ -320,7 +320,7 @@ def four_settings(blocks: Sequence[ClientBlock], schema: Schema, y_train: np.nda
         y_train: ``(n_train,)`` training labels (every agent holds them; used for ``p(y)``).
 
     Returns:
-        ``{setting: SettingResult}`` and extras (the FC, label-marginal check, sizes).
+        ``{setting: SettingResult}`` and extras (the FC, sizes, zero-likelihood row counts, label-prior loss).
     """
     if len(blocks) < 1:
         raise UserError("four_settings needs at least one agent")

@@ -154,12 +154,12 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         ev = evaluate_fc(d, Path(tr["model_path"]))
         from data_prep.shards import load_manifest
 
-        m = load_manifest(d)
+        n_train = sum(int(c["n_train"]) for c in load_manifest(d).clients)
         return {"ranks": tr["ranks"], "wall_seconds": tr["job_seconds"],
                 "train_seconds_critical_path": tr["train_seconds_critical_path"],
                 "train_seconds_total": tr["train_seconds_total"], "bytes_train": tr["bytes_train"],
-                "messages_train": tr["messages_train"], "test_ll": ev["test_ll"], "rows": int(m.n_train),
-                "rows_per_client": m.n_train / cell.clients, "cached_run": tr["cached"]}
+                "messages_train": tr["messages_train"], "test_ll": ev["test_ll"], "rows": n_train,
+                "rows_per_client": n_train / cell.clients, "cached_run": tr["cached"]}
 
     records, counts = run_cells(store, cells, work, "scaling", progress)
     agg = aggregate(records, METRICS)

@@ -44,7 +44,7 @@ def test_run_part1_quick_writes_figures_and_curves(tmp_path: Path) -> None:
     assert all(Path(p).exists() for p in summary["files"])
 
 
-def test_run_rejects_parts_not_written_yet(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="empirical"):
-        exp.experiment_main(argparse.Namespace(out=str(tmp_path), parts=("empirical",)))
+def test_run_rejects_unknown_parts_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="nope"):
+        exp.experiment_main(argparse.Namespace(out=str(tmp_path), parts=("nope",)))
     assert not any(tmp_path.iterdir())

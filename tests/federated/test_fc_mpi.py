@@ -2,6 +2,7 @@
 bytes, the privacy audit, and bad input (exit code 2, no model file)."""
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import shutil
@@ -205,14 +206,29 @@ def test_conflicting_meta_types_name_both_clients(data, tmp_path):
 
 
 def test_unaligned_vertical_ids(data, tmp_path):
+    # In process, through the same steps as the job: each client reads its own shard file and
+    # builds its declaration (read_client_data), rank 0 plans on them (train_rank's _server).
+    # The exit-code path of a plan error on rank 0 (exit 2, message on stderr, no model file) is
+    # the same as for conflicting meta-types, which runs as a real MPI job above.
+    from data_prep.shards import load_manifest
+    from mpifc.errors import UserError
+    from mpifc.runtime.fc_data import read_client_data
+    from mpifc.runtime.fc_job import add_train_arguments, train_config
+    from mpifc.runtime.fc_train import builder_from_config
+
     shards = tmp_path / "unaligned"
     shutil.copytree(data["vertical"], shards)
     with h5py.File(shards / "client-1.h5", "a") as f:
         f["train/ids"][:2] = f["train/ids"][:2][::-1].copy()
     _fix_checksum(shards, 1)
-    r, model, _, _ = train(4, shards, tmp_path)
-    assert r.returncode == 2 and "aligned sample ids" in r.stderr and "client 1" in r.stderr
-    assert not model.exists()
+    m = load_manifest(shards)
+    decls = [read_client_data(shards, i).declaration for i in range(m.n_clients)]
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    cfg = train_config(p.parse_args([str(shards), "--learner", "factorized", "--model", str(tmp_path / "m.h5")]))
+    with pytest.raises(UserError) as e:
+        builder_from_config(cfg).plan(decls, m.feature_order, m.target, m.setting)
+    assert "aligned sample ids" in str(e.value) and "client 1" in str(e.value)
 
 
 def test_client_with_zero_rows(tmp_path):

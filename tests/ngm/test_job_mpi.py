@@ -28,9 +28,5 @@ def test_fedngm_job_trains_global_and_stitches(tmp_path):
     assert {"ngm.declare", "ngm.graph", "ngm.model.meta", "ngm.model.array", "ngm.release"} <= kinds
 
 
-def test_fedngm_job_refuses_below_min_clients(tmp_path):
-    proc = run_mpi(3, [PROG, str(tmp_path), "3"], timeout=240)
-    assert proc.returncode == 2
-    assert "refusing to release the global dependency graph" in proc.stderr
-    assert "at least 3" in proc.stderr
-    assert not (tmp_path / "summary.json").exists()
+# The refusal below --min-clients is tested through the real command in test_cli.py
+# (test_train_refuses_below_min_clients_with_exit_code_2): same job, same message, exit code 2.
