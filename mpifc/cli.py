@@ -48,8 +48,8 @@ COMMANDS: dict[str, Command] = {
     "evaluate": Command("evaluate a trained federated circuit", "mpifc.runtime.fc_job:evaluate_main",
                         "mpifc.runtime.fc_job:add_evaluate_arguments"),
     "bench": Command("run a benchmark from launch/bench/", "mpifc.cli:bench_main", "mpifc.cli:add_bench_arguments"),
-    "experiment": Command("run a paper experiment", "mpifc.cli:not_yet_available",
-                          "mpifc.cli:add_experiment_arguments"),
+    "experiment": Command("run a paper experiment", "mpifc.experiments.main:experiment_main",
+                          "mpifc.experiments.main:add_experiment_arguments"),
 }
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "launch" / "bench"

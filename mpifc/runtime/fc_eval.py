@@ -148,10 +148,8 @@ def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, c
         y = test.x[:, test.features.index(query.expand_target)].astype(np.int64)
         ll = joint[np.arange(len(y)), y]
         pred = np.argmax(joint, axis=1)
-        from sklearn.metrics import f1_score
-
         out["accuracy"] = float((pred == y).mean())
-        out["f1"] = float(f1_score(y, pred, average="binary" if query.n_classes == 2 else "macro"))
+        out["f1"] = _f1(y, pred, query.n_classes)
     else:
         ll = joint[:, 0]
         out["accuracy"] = None
@@ -165,3 +163,22 @@ def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, c
         np.savez(buf, joint=joint, ll=ll)
         atomic_write_bytes(cfg["output_npz"], buf.getvalue())
     return out
+
+
+def _f1(y: np.ndarray, pred: np.ndarray, n_classes: int) -> float:
+    """``sklearn.metrics.f1_score`` (binary for two classes, else macro), without importing
+    sklearn (seconds of start-up on rank 0) in the common binary case.
+
+    For labels in {0, 1} and ``2·tp + fp + fn > 0`` sklearn computes exactly
+    ``2·tp / ((tp + fn) + (tp + fp))``, one float64 division of two exact integers, so the
+    result is bit-identical; every other case (multi-class, other labels, an undefined score
+    and its warning) goes to sklearn itself.
+    """
+    if n_classes == 2 and len(y) and np.isin(y, (0, 1)).all() and np.isin(pred, (0, 1)).all():
+        tp = int(np.count_nonzero((y == 1) & (pred == 1)))
+        denom = int(np.count_nonzero(y == 1)) + int(np.count_nonzero(pred == 1))
+        if denom > 0:
+            return float(np.float64(2 * tp) / np.float64(denom))
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(y, pred, average="binary" if n_classes == 2 else "macro"))

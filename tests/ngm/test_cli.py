@@ -2,10 +2,9 @@
 client-send audit (the MPI tests run real ``mpiexec`` jobs: master + 2 clients)."""
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +14,8 @@ from mpifc.ngm.job import CLIENT_ALLOWED, PrivacyViolation, audit_client_sends
 from mpifc.ngm.store import is_ngm_file, load_ngm, save_ngm
 from mpifc.runtime.kinds import kind_by_name, register_kind
 from mpifc.runtime.ledger import ROW_DTYPE, LedgerTable
-from tests.mpi_util import REPO, run_mpi
+from mpifc.runtime.fc_job import add_evaluate_arguments, evaluate_main
+from tests.mpi_util import run_mpi
 
 from .conftest import chain_data
 
@@ -44,7 +44,7 @@ def shards(tmp_path_factory):
 
 
 @pytest.mark.mpi
-def test_train_writes_model_and_clients_send_only_allowed_classes(shards, tmp_path):
+def test_train_writes_model_and_clients_send_only_allowed_classes(shards, tmp_path, capsys):
     model = tmp_path / "ngm.h5"
     proc = run_mpi(3, ["-m", "mpifc", "train", str(shards), "--model-family", "ngm", "--model", str(model),
                        "--min-clients", "2", *TINY, "--ledger", str(tmp_path / "ledger.csv"),
@@ -71,12 +71,13 @@ def test_train_writes_model_and_clients_send_only_allowed_classes(shards, tmp_pa
 
     # Evaluate client 0's own model on its own test rows (3 epochs are too few for the global
     # model's samples to carry y's dependence on c; the client model sees real rows).
-    ev = subprocess.run([sys.executable, "-m", "mpifc", "evaluate", str(shards), "--model-family", "ngm",
-                         "--model", str(tmp_path / "local" / "client-0.h5"), "--client", "0", "--target", "b",
-                         "--target", "y", "--target", "d", "--json"],
-                        capture_output=True, text=True, cwd=str(REPO), timeout=300)
-    assert ev.returncode == 0, ev.stderr
-    res = json.loads(ev.stdout.strip().splitlines()[-1])
+    # In this process (evaluation needs no MPI), through mpifc evaluate's own parser and dispatch.
+    parser = argparse.ArgumentParser()
+    add_evaluate_arguments(parser)
+    args = parser.parse_args([str(shards), "--model-family", "ngm", "--model", str(tmp_path / "local" / "client-0.h5"),
+                              "--client", "0", "--target", "b", "--target", "y", "--target", "d", "--json"])
+    assert evaluate_main(args) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["on"] == "client 0 test rows"
     by = {m["target"]: m for m in res["metrics"]}
     assert {"mae", "rmse"} <= set(by["b"]) and by["b"]["kind"] == "real"
