@@ -12,6 +12,9 @@ Pure logic, one process, no MPI (testable alone):
   federation      global distillation from client samples (eq. 2), stitching, release rule
   ngr             Neural Graph Revealer variant (eqs. 4-5, without log scaling)
   metrics         MAE/RMSE, AUC/AUPR, micro/macro precision/recall (paper Tables 2-4)
+  store           model files: HDF5 (weights, statistics, graph), atomic, no pickle
 On the runtime (MPI):
-  job             rank 0 = master, other ranks = clients; every step a named, counted kind
+  job             rank 0 = master, other ranks = clients; every step a named, counted kind;
+                  audit_client_sends checks the gathered ledger against CLIENT_ALLOWED
+  cli             mpifc train/evaluate --model-family ngm on data_prep shards
 """
