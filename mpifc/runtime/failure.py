@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from typing import NoReturn
 
@@ -61,6 +62,18 @@ def report(exc: BaseException, rank: int | None) -> int:
     return code
 
 
+ABORT_SETTLE_SECONDS = 0.3
+
+
+def settle_before_abort() -> None:
+    """Give the launcher's I/O proxy a moment to forward what this rank just wrote.
+
+    MPI_Abort makes mpiexec kill every rank at once; output still in the pipe to the proxy can
+    be lost then, and the job would end with no message at all.
+    """
+    time.sleep(ABORT_SETTLE_SECONDS)
+
+
 def abort_job(exc: BaseException) -> NoReturn:
     """Report ``exc`` and end the job: ``MPI_Abort`` when MPI runs with several ranks, else exit.
 
@@ -81,6 +94,7 @@ def abort_job(exc: BaseException) -> NoReturn:
     code = report(exc, rank)
     if world is not None and world.Get_size() > 1:
         _aborting = code or 1
+        settle_before_abort()
         world.Abort(code or 1)
         # MPICH's MPI_Abort may return while the launcher tears the job down; never run on.
         os._exit(code or 1)

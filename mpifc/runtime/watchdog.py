@@ -100,4 +100,7 @@ def _abort_stuck(rank: int, deadline_s: float, describe: Callable[[], str]) -> N
     sys.stderr.write(f"mpifc: rank {rank}: DeadlineExceeded: deadline of {deadline_s:g} s passed waiting for {what} "
                      f"(the wait could not be cancelled; aborting)\n")
     sys.stderr.flush()
+    from mpifc.runtime.failure import settle_before_abort
+
+    settle_before_abort()
     MPI.COMM_WORLD.Abort(1)
