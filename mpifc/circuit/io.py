@@ -6,11 +6,11 @@ here with :func:`register_model`; :func:`load_model` dispatches on that attribut
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 from typing import Any, Callable
 
 import h5py
+
+from mpifc.atomic import atomic_path
 
 _LOADERS: dict[str, Callable[[h5py.Group], Any]] = {}
 
@@ -48,17 +48,8 @@ def _import_builtin_models() -> None:
 
 def save_model_file(model: Any, path: str | os.PathLike, group: str = "model") -> None:
     """Save ``model`` to a new HDF5 file atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            model.save(f.create_group(group))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        model.save(f.create_group(group))
 
 
 def load_model_file(path: str | os.PathLike, group: str = "model") -> Any:

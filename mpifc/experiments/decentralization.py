@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,6 +23,7 @@ import numpy as np
 
 from mpifc.analysis import decentralization as dz
 from mpifc.analysis import decentralization_empirical as dze
+from mpifc.atomic import atomic_write_bytes
 from mpifc.errors import UserError
 
 FIG2_PNG = "fig2_two_agents.png"
@@ -43,18 +43,6 @@ _STYLE = {"CL/CI": ("tab:blue", "-"), "CL/DI": ("tab:orange", "--"),
 # Atomic writers: a reader never sees a half-written file.
 # ---------------------------------------------------------------------------------------------
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    # A pid-named sibling (not mkstemp) so the file gets the umask's mode, like a plain open().
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """Write ``rows`` under ``header`` atomically; floats with 17 significant digits."""
     buf = io.StringIO()
@@ -62,13 +50,13 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) 
     w.writerow(header)
     for row in rows:
         w.writerow([f"{v:.17g}" if isinstance(v, float) else v for v in row])
-    _atomic_write_bytes(path, buf.getvalue().encode())
+    atomic_write_bytes(path, buf.getvalue().encode())
 
 
 def _save_figure(fig: Any, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=130, bbox_inches="tight")
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +340,7 @@ def run_empirical(out_dir: str | Path, quick: bool = False, seed: int = 0,
               [[c.dataset, c.clients, k, ci, max(di), ";".join(f"{v:.6f}" for v in di)]
                for c, _, extras in done for k, (ci, di) in extras["cl_by_clusters"].items()])
     md = empirical_markdown(done, cfg)
-    _atomic_write_bytes(out / EMPIRICAL_MD, md.encode())
+    atomic_write_bytes(out / EMPIRICAL_MD, md.encode())
     _plot_empirical(done, out / EMPIRICAL_PNG)
     return {
         "results": {f"{c.dataset}/{c.clients}": {s: vars(r).copy() for s, r in res.items()}

@@ -10,8 +10,6 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from mpifc.errors import UserError
-from mpifc.runtime.atomic import atomic_write_bytes, atomic_write_text
+from mpifc.atomic import atomic_path, atomic_write_bytes, atomic_write_text
 
 OK, FAILED, NOT_RUN = "ok", "failed", "not-run"
 
@@ -196,28 +194,19 @@ def write_h5_table(path: str | Path, rows: Sequence[dict[str, Any]], columns: Se
     """
     import h5py
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     cols = list(columns) if columns else _columns(rows)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["columns"] = json.dumps(cols)
-            for c in cols:
-                vals = [r.get(c) for r in rows]
-                if all(isinstance(v, (bool, int, np.integer)) for v in vals) and vals:
-                    f.create_dataset(c, data=np.asarray(vals, dtype=np.int64))
-                elif all(v is None or isinstance(v, (int, float, np.number)) for v in vals):
-                    f.create_dataset(c, data=np.asarray([math.nan if v is None else v for v in vals], np.float64))
-                else:
-                    f.create_dataset(c, data=["" if v is None else str(v) for v in vals],
-                                     dtype=h5py.string_dtype())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["columns"] = json.dumps(cols)
+        for c in cols:
+            vals = [r.get(c) for r in rows]
+            if all(isinstance(v, (bool, int, np.integer)) for v in vals) and vals:
+                f.create_dataset(c, data=np.asarray(vals, dtype=np.int64))
+            elif all(v is None or isinstance(v, (int, float, np.number)) for v in vals):
+                f.create_dataset(c, data=np.asarray([math.nan if v is None else v for v in vals], np.float64))
+            else:
+                f.create_dataset(c, data=["" if v is None else str(v) for v in vals],
+                                 dtype=h5py.string_dtype())
+    return Path(path)
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:

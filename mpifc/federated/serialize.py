@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import h5py
 import numpy as np
 
 from mpifc.circuit.io import load_model
+from mpifc.atomic import atomic_path
 from mpifc.errors import UserError
 from mpifc.federated.structure import LEAF, ClientInfo, FederatedCircuit, LeafInfo, Node
 
@@ -112,20 +112,11 @@ def read_fc(group: h5py.Group, load_models: bool | set[int] = True) -> Federated
 
 def save_fc(fc: FederatedCircuit, path: str | os.PathLike, extra_attrs: dict[str, Any] | None = None) -> Path:
     """Write ``fc`` to ``path`` atomically (temp file + rename); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            write_fc(fc, f.create_group("fc"))
-            for k, v in (extra_attrs or {}).items():
-                f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v, default=_jsonable)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        write_fc(fc, f.create_group("fc"))
+        for k, v in (extra_attrs or {}).items():
+            f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v, default=_jsonable)
+    return Path(path)
 
 
 def load_fc(path: str | os.PathLike, load_models: bool | set[int] = True) -> FederatedCircuit:

@@ -13,14 +13,13 @@ directory, the release rule, training settings, ...).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
+from mpifc.atomic import atomic_path
 from mpifc.errors import UserError
 from mpifc.ngm.model import NGM
 
@@ -29,24 +28,15 @@ FORMAT = "mpifc-ngm/1"
 
 def save_ngm(model: NGM, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` to ``path`` (temp file in the same folder, then renamed over ``path``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta, arrays = model.to_payload()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = FORMAT
-            f.attrs["meta"] = json.dumps(meta)
-            f.attrs["extra"] = json.dumps(extra or {})
-            g = f.create_group("arrays")
-            for name, a in arrays.items():
-                g.create_dataset(name, data=np.ascontiguousarray(a))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["meta"] = json.dumps(meta)
+        f.attrs["extra"] = json.dumps(extra or {})
+        g = f.create_group("arrays")
+        for name, a in arrays.items():
+            g.create_dataset(name, data=np.ascontiguousarray(a))
+    return Path(path)
 
 
 def load_ngm(path: str | Path) -> tuple[NGM, dict[str, Any]]:
