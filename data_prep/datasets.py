@@ -15,6 +15,7 @@ from typing import Callable
 from mpifc.errors import UserError
 
 from .files import default_data_root
+from .image_sets import load_image_folder, load_imagenet32
 from .images import load_digits, load_mnist
 from .table import RawTable
 from .tabular import load_adult, load_breast_cancer, load_credit, load_debd
@@ -53,6 +54,14 @@ DATASETS: dict[str, DatasetInfo] = {
                     load_credit),
         DatasetInfo("mnist", "MNIST 28x28 digits, 60k train / 10k test, 10 classes", "mnist",
                     "mnist.pkl.gz (deeplearning.net) or the idx files", load_mnist),
+        DatasetInfo("imagenet32", "downsampled ImageNet 32x32 RGB, 1.28M train / 50k val, 1000 "
+                    "classes (imagenet32:K reads K train batches)", "imagenet32",
+                    "https://image-net.org/download-images.php (Imagenet32_train_npz.zip, "
+                    "Imagenet32_val_npz.zip)", load_imagenet32),
+        DatasetInfo("image-folder", "a folder of PNG/NPY/JPEG images, e.g. CelebA (sub-folders = "
+                    "classes; image-folder:S crops and resizes to SxS)", "celeba",
+                    "your images; CelebA: https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html",
+                    load_image_folder),
         DatasetInfo("debd", "binary density-estimation sets, e.g. debd:nltcs", "debd",
                     "https://github.com/arranger1044/DEBD", load_debd),
         DatasetInfo("csv", "your own CSV or NPY file with a JSON schema (--path FILE)", None,

@@ -1,18 +1,23 @@
 """Ping-pong latency and bandwidth: mpifc transport vs raw mpi4py Send/Recv, in the same run.
 
-Run: ``mpiexec -n 2 python launch/bench/transport.py [--out results.csv]`` (or ``mpifc bench
-transport``). For each message size the two transports alternate, repetition by repetition, so
-both see the same machine load; the table reports medians over repetitions.
+Run: ``mpiexec -n 2 python launch/bench/transport.py [--reps N] [--out results.csv]`` (or ``mpifc
+bench transport``). For each message size four ping-pongs alternate, repetition by repetition and
+in rotating order, so all see the same machine load; the table reports medians over repetitions.
 
-* latency: one-way time per message = round-trip time / 2, in microseconds;
-* bandwidth: message bytes / one-way time, in MB/s (1 MB = 1e6 bytes);
-* ``bw ratio``: mpifc / raw bandwidth (target >= 0.9 from 1 MB up);
-* ``added us``: mpifc latency - raw latency (target <= 20 us for small messages);
-* ``cpu added``: the same difference in CPU time of rank 0 (``time.process_time``) per message:
-  on a loaded machine wall time is dominated by waiting to be scheduled, CPU time much less so.
+What is compared (each pair does the same work apart from the transport itself):
 
-mpifc's receive allocates a fresh array per message (the API returns a new array) and records a
-ledger row; raw receives into a preallocated buffer, which is the best case for raw.
+* **prealloc**: raw ``comm.Send``/``comm.Recv`` into one preallocated, already touched buffer,
+  vs mpifc ``send`` + ``recv(..., out=buf)`` into the same kind of buffer;
+* **fresh**: raw ``comm.Recv`` into a new ``np.empty`` array per message, vs mpifc ``recv``
+  returning a new array per message (its default; large ones come from its buffer pool).
+
+Both mpifc paths also pack the typed header, record a ledger row per message and keep every wait
+under the deadline. Columns, per size and per pair:
+
+* ``lat``: one-way time per message = round-trip time / 2, in microseconds;
+* ``MB/s``: message bytes / one-way time (1 MB = 1e6 bytes);
+* ``ratio``: mpifc / raw bandwidth (target >= 0.9 from 1 MB up);
+* ``added``: mpifc latency - raw latency, in microseconds (target <= 20 for small messages).
 """
 from __future__ import annotations
 
@@ -34,53 +39,65 @@ RAW_TAG = 7  # raw traffic on another communicator than mpifc's, so tags cannot 
 SIZES = [8 * 4**i for i in range(12)] + [64 << 20]  # 8 B ... 32 MiB, then 64 MiB
 
 
-def iterations_for(size: int) -> int:
-    """Round trips per timed repetition: many for small messages, few for big ones."""
-    return int(max(3, min(300, 2e7 // max(size, 1))))
+def iterations_for(size: int, most: int = 300) -> int:
+    """Round trips per timed repetition: many for small messages (at most ``most``), few for big ones."""
+    return int(max(min(3, most), min(most, 2e7 // max(size, 1))))
 
 
-def raw_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int) -> tuple[float, float]:
-    """(wall, CPU) seconds per one-way message with raw Send/Recv (rank 0 sends first)."""
-    peer = 1 - comm.Get_rank()
-    spec = [buf, buf.nbytes, MPI.BYTE]
-    comm.Barrier()
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        if comm.Get_rank() == 0:
-            comm.Send(spec, peer, RAW_TAG)
-            comm.Recv(spec, peer, RAW_TAG)
-        else:
-            comm.Recv(spec, peer, RAW_TAG)
-            comm.Send(spec, peer, RAW_TAG)
-    return (time.perf_counter() - t0) / (2 * iters), (time.process_time() - c0) / (2 * iters)
+def raw_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int, fresh: bool = False) -> float:
+    """Seconds per one-way message with raw Send/Recv (rank 0 sends first).
 
-
-def mpifc_pingpong(tr: Transport, arr: np.ndarray, iters: int, into: bool = False) -> tuple[float, float]:
-    """(wall, CPU) seconds per one-way message with the mpifc transport.
-
-    ``into=False`` receives a new array per message (what ``recv`` returns by default);
-    ``into=True`` receives into ``arr`` itself (``recv(..., out=arr)``), as the raw peer does.
+    ``fresh=False`` receives into ``buf`` itself; ``fresh=True`` into a new ``np.empty`` per message.
     """
-    out = arr if into else None
-    peer = 1 - tr.rank
-    tr.comm.Barrier()
-    c0 = time.process_time()
+    peer = 1 - comm.Get_rank()
+    first = comm.Get_rank() == 0
+    n = buf.nbytes
+    x = buf
+    comm.Barrier()
     t0 = time.perf_counter()
-    x = arr
     for _ in range(iters):
-        if tr.rank == 0:
+        if first:
+            comm.Send([x, n, MPI.BYTE], peer, RAW_TAG)
+        y = np.empty(n, np.uint8) if fresh else buf
+        comm.Recv([y, n, MPI.BYTE], peer, RAW_TAG)
+        x = y
+        if not first:
+            comm.Send([x, n, MPI.BYTE], peer, RAW_TAG)
+    return (time.perf_counter() - t0) / (2 * iters)
+
+
+def mpifc_pingpong(tr: Transport, buf: np.ndarray, iters: int, fresh: bool = False) -> float:
+    """Seconds per one-way message with the mpifc transport.
+
+    ``fresh=False`` receives into ``buf`` itself (``recv(..., out=buf)``); ``fresh=True`` receives a
+    new array per message (what ``recv`` returns by default).
+    """
+    out = None if fresh else buf
+    peer = 1 - tr.rank
+    first = tr.rank == 0
+    x = buf
+    tr.comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        if first:
             tr.send(x, peer, BENCH)
-            x = tr.recv(peer, BENCH, out=out)
-        else:
-            x = tr.recv(peer, BENCH, out=out)
+        x = tr.recv(peer, BENCH, out=out)
+        if not first:
             tr.send(x, peer, BENCH)
-    return (time.perf_counter() - t0) / (2 * iters), (time.process_time() - c0) / (2 * iters)
+    return (time.perf_counter() - t0) / (2 * iters)
+
+
+VARIANTS = ("raw", "raw_fresh", "mpifc_out", "mpifc_fresh")
+CSV_HEADER = ["bytes", "iterations",
+              "raw_latency_us", "mpifc_out_latency_us", "added_out_us", "raw_MBps", "mpifc_out_MBps", "ratio_out",
+              "raw_fresh_latency_us", "mpifc_latency_us", "added_fresh_us", "raw_fresh_MBps", "mpifc_MBps",
+              "ratio_fresh", "ratio_fresh_vs_prealloc"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=7, help="alternating repetitions per size (median taken)")
+    ap.add_argument("--reps", type=int, default=9, help="alternating repetitions per size (median taken)")
+    ap.add_argument("--max-iters", type=int, default=300, help="round trips per repetition for small messages")
     ap.add_argument("--max-bytes", type=int, default=64 << 20, help="largest message size")
     ap.add_argument("--out", help="CSV file for the results (written by rank 0, atomically)")
     opts = ap.parse_args()
@@ -92,47 +109,48 @@ def main() -> int:
         return 2
     raw_comm = world.Dup()
     tr = Transport(world.Dup(), CommLedger(world.Get_rank(), 2, capacity=1 << 16), deadline=120.0)
+    run = {"raw": lambda b, n: raw_pingpong(raw_comm, b, n), "raw_fresh": lambda b, n: raw_pingpong(raw_comm, b, n, True),
+           "mpifc_out": lambda b, n: mpifc_pingpong(tr, b, n), "mpifc_fresh": lambda b, n: mpifc_pingpong(tr, b, n, True)}
     rows = []
     for size in [s for s in SIZES if s <= opts.max_bytes]:
         buf = np.zeros(size, dtype=np.uint8)
-        iters = iterations_for(size)
-        raw_pingpong(raw_comm, buf, 1), mpifc_pingpong(tr, buf, 1), mpifc_pingpong(tr, buf, 1, True)  # warm-up
-        raw_t, our_t, into_t = [], [], []
+        iters = iterations_for(size, max(1, opts.max_iters))
+        for v in VARIANTS:
+            run[v](buf, 1)  # warm-up
+        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for rep in range(opts.reps):
             # Rotate which goes first so drift in machine load hits all alike.
-            for which in [(0, 1, 2), (1, 2, 0), (2, 0, 1)][rep % 3]:
-                if which == 0:
-                    raw_t.append(raw_pingpong(raw_comm, buf, iters))
-                elif which == 1:
-                    our_t.append(mpifc_pingpong(tr, buf, iters))
-                else:
-                    into_t.append(mpifc_pingpong(tr, buf, iters, into=True))
-        raw_s, our_s = float(np.median([t[0] for t in raw_t])), float(np.median([t[0] for t in our_t]))
-        raw_c, our_c = float(np.median([t[1] for t in raw_t])), float(np.median([t[1] for t in our_t]))
-        into_s = float(np.median([t[0] for t in into_t]))
-        rows.append((size, iters, raw_s * 1e6, our_s * 1e6, (our_s - raw_s) * 1e6, (our_c - raw_c) * 1e6,
-                     size / raw_s / 1e6, size / our_s / 1e6, raw_s / our_s, raw_s / into_s))
+            k = rep % len(VARIANTS)
+            for v in VARIANTS[k:] + VARIANTS[:k]:
+                times[v].append(run[v](buf, iters))
+        med = {v: float(np.median(t)) for v, t in times.items()}
+        raw, rawf, out, fresh = med["raw"], med["raw_fresh"], med["mpifc_out"], med["mpifc_fresh"]
+        rows.append([size, iters,
+                     raw * 1e6, out * 1e6, (out - raw) * 1e6, size / raw / 1e6, size / out / 1e6, raw / out,
+                     rawf * 1e6, fresh * 1e6, (fresh - rawf) * 1e6, size / rawf / 1e6, size / fresh / 1e6,
+                     rawf / fresh, raw / fresh])
     if world.Get_rank() == 0:
-        head = (f"{'bytes':>10} {'iters':>6} {'raw us':>10} {'mpifc us':>10} {'added us':>9} {'cpu added':>9} "
-                f"{'raw MB/s':>10} {'mpifc MB/s':>11} {'bw ratio':>9} {'ratio out=':>10}")
-        print(head)
-        for size, iters, r_us, o_us, add, cpu_add, r_bw, o_bw, ratio, ratio_into in rows:
-            print(f"{size:>10} {iters:>6} {r_us:>10.2f} {o_us:>10.2f} {add:>9.2f} {cpu_add:>9.2f} {r_bw:>10.1f} "
-                  f"{o_bw:>11.1f} {ratio:>9.3f} {ratio_into:>10.3f}")
+        print(f"{'':>17}| {'prealloc: raw Recv(buf) vs mpifc recv(out=buf)':^53}| "
+              f"{'fresh: raw Recv(np.empty) vs mpifc recv()':^53}|")
+        sub = f"{'raw lat':>9} {'mpifc lat':>9} {'added':>8} {'raw MB/s':>8} {'mpifc MB/s':>10} {'ratio':>5} "
+        print(f"{'bytes':>10} {'iters':>6} | {sub}| {sub}| {'fresh/prealloc':>14}")
+        for r in rows:
+            cells = [f"{r[i]:>9.2f} {r[i + 1]:>9.2f} {r[i + 2]:>8.2f} {r[i + 3]:>8.1f} {r[i + 4]:>10.1f} {r[i + 5]:>5.3f} "
+                     for i in (2, 8)]
+            print(f"{r[0]:>10} {r[1]:>6} | {cells[0]}| {cells[1]}| {r[14]:>14.3f}")
         small = [r for r in rows if r[0] <= 1024]
         big = [r for r in rows if r[0] >= 1 << 20]
         if small:
-            print(f"small messages (<= 1 KiB): median added latency "
-                  f"{np.median([r[4] for r in small]):.2f} us wall, {np.median([r[5] for r in small]):.2f} us CPU "
-                  f"(target <= 20)")
+            print(f"small messages (<= 1 KiB): median added latency {np.median([r[4] for r in small]):.2f} us "
+                  f"(recv(out=)), {np.median([r[10] for r in small]):.2f} us (fresh recv) (target <= 20)")
         if big:
-            print(f"large messages (>= 1 MiB): min bandwidth ratio {min(r[8] for r in big):.3f}, "
-                  f"median {np.median([r[8] for r in big]):.3f} (target >= 0.9); receiving into out=: "
-                  f"min {min(r[9] for r in big):.3f}, median {np.median([r[9] for r in big]):.3f}")
+            print(f"large messages (>= 1 MiB): bandwidth ratio recv(out=) vs raw Recv(buf): min {min(r[7] for r in big):.3f}, "
+                  f"median {np.median([r[7] for r in big]):.3f}; fresh recv vs raw Recv(np.empty): min "
+                  f"{min(r[13] for r in big):.3f}, median {np.median([r[13] for r in big]):.3f}; fresh recv vs raw "
+                  f"Recv(buf): min {min(r[14] for r in big):.3f} (target >= 0.9)")
         print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
         if opts.out:
-            lines = ["bytes,iterations,raw_latency_us,mpifc_latency_us,added_latency_us,added_cpu_us,raw_MBps,"
-                     "mpifc_MBps,bandwidth_ratio,bandwidth_ratio_out"]
+            lines = [",".join(CSV_HEADER)]
             lines += [",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in r) for r in rows]
             atomic_write_text(opts.out, "\n".join(lines) + "\n")
             print(f"wrote {opts.out}")

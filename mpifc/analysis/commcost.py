@@ -16,6 +16,11 @@ assumptions, so it can be checked against the ledger of a real run:
   gradient up): pass ``n_classes=k`` to include them, ``0`` for the paper's form.
 * **FedPC**: ``M`` is the number of parameters of ONE client PC (the paper: per client, per
   cluster in vertical FL); structure, declarations and plans are left out, as in the paper.
+  To check a real run, :func:`fedpc_sent_bytes` takes ``M`` as what a client PC actually puts
+  on the wire: the bytes of every array its ``save`` writes (parameters *and* structure:
+  child pointers, scopes, leaf types...), from :func:`model_array_bytes`. The wire format's own
+  header (names, dtypes, shapes) and the runtime's per-message header are not in ``M``; the
+  experiment reports them in columns of their own.
 
 Symbols (paper's names): ``|C|`` clients, ``M`` parameters, ``K`` FedAvg rounds (horizontal) or
 clusters (vertical), ``P`` product nodes, ``E`` epochs, ``F`` cut-layer width, ``S`` samples.
@@ -128,6 +133,62 @@ def fedpc_hybrid_bytes(n_shared: int, cost_horizontal: int, n_disjoint: int, cos
     return n_shared * cost_horizontal + n_disjoint * cost_vertical
 
 
+# ------------------------------------------------------------------ FedPC, as actually sent
+COUNT_FIELDS = 3  # fc.train.counts: one (subspace, cluster, n_rows) int64 row per client PC
+
+
+class _ArrayRecorder:
+    """Stands in for an ``h5py.Group`` in a model's ``save``: keeps the arrays, writes nothing."""
+
+    def __init__(self) -> None:
+        self.attrs: dict[str, Any] = {}
+        self.arrays: list[Any] = []
+        self.groups: list["_ArrayRecorder"] = []
+
+    def create_dataset(self, name: str, data: Any = None, **_: Any) -> None:
+        import numpy as np
+
+        self.arrays.append(np.asarray(data))
+
+    def create_group(self, name: str) -> "_ArrayRecorder":
+        g = _ArrayRecorder()
+        self.groups.append(g)
+        return g
+
+    def walk(self) -> list[Any]:
+        return self.arrays + [a for g in self.groups for a in g.walk()]
+
+
+def model_array_bytes(model: Any) -> int:
+    """Bytes of every array ``model.save(group)`` writes: parameters and structure arrays.
+
+    This is the ``M`` (in bytes) a client puts on the wire for one PC, independent of the
+    container: attributes (model type, dtype names, config scalars) are metadata, not counted.
+    """
+    rec = _ArrayRecorder()
+    model.save(rec)
+    return int(sum(a.nbytes for a in rec.walk()))
+
+
+def fedpc_sent_bytes(model_bytes: Sequence[int], n_pcs: int | None = None, cluster_id_rows: int = 0,
+                     count_itemsize: int = INT64) -> int:
+    """One-pass FedPC training payload as sent: every client PC once, plus the counts.
+
+    ``sum(M_i) + n_pcs * 3 * count_itemsize + cluster_id_rows * 8``: the paper's
+    ``|C| (M + 1)`` (horizontal) and ``K M |C| + P`` (vertical, where the P product weights are
+    computed by the server from the K cluster counts each client sends) with ``M_i`` in bytes.
+
+    Args:
+        model_bytes: :func:`model_array_bytes` of every client PC (one per client, or K per
+            client in vertical FL).
+        n_pcs: PCs reported in the count messages (default ``len(model_bytes)``).
+        cluster_id_rows: training rows whose cluster id is sent (``cooccurrence`` glue only).
+    """
+    n = len(model_bytes) if n_pcs is None else n_pcs
+    _check(n_pcs=n, cluster_id_rows=cluster_id_rows, **{f"model_bytes[{i}]": b for i, b in enumerate(model_bytes)})
+    return int(sum(model_bytes)) + n * COUNT_FIELDS * count_itemsize + cluster_id_rows * INT64
+
+
 def with_headers(payload_bytes: int, messages: int, ndim: int = 1) -> int:
     """Payload plus the runtime's typed header per message (``ndim``-dimensional arrays), bytes."""
     from mpifc.runtime.wire import header_size
@@ -153,6 +214,10 @@ class Scenario:
         directions: 2 = down and up (the protocols as run), 1 = the paper's count.
         m_is_total: read the figure's "model parameters" as the whole vertical FedPC (then one
             client PC has ``M / (K |C|)``), instead of one client PC (the section-3.4 reading).
+        fedpc_bytes_per_param: wire bytes per FedPC parameter, structure arrays included
+            (``None``: ``itemsize``, the paper's reading). A LearnSPN PC as sent by mpifc costs
+            far more (float64 weights plus int64 child/scope arrays); the commcost experiment
+            measures it and checks the claims at that value too.
     """
 
     samples: tuple[int, ...] = (1_000_000, 100_000_000)
@@ -166,6 +231,11 @@ class Scenario:
     itemsize: int = FLOAT32
     directions: int = 2
     m_is_total: bool = False
+    fedpc_bytes_per_param: float | None = None
+
+    def fedpc_model_bytes(self, m: int) -> float:
+        """Wire bytes of a FedPC client PC of ``m`` parameters."""
+        return m * (self.itemsize if self.fedpc_bytes_per_param is None else self.fedpc_bytes_per_param)
 
     def vertical_params(self, m: int) -> int:
         """Parameters of one client PC in vertical FL for a figure size ``m``."""
@@ -186,13 +256,34 @@ def scenario_costs(sc: Scenario = PAPER) -> list[dict[str, Any]]:
     out = []
     for s in sc.samples:
         for m in sc.params:
-            h = fedpc_horizontal_bytes(sc.n_clients, m, sc.itemsize)
+            if sc.fedpc_bytes_per_param is None:
+                h = fedpc_horizontal_bytes(sc.n_clients, m, sc.itemsize)
+                v = fedpc_vertical_bytes(sc.n_clients, sc.vertical_params(m), sc.clusters, sc.products, sc.itemsize)
+            else:  # the PCs as sent: M in bytes, counts as int64 (n, 3) rows
+                h = sc.n_clients * (sc.fedpc_model_bytes(m) + COUNT_FIELDS * INT64)
+                v = sc.n_clients * sc.clusters * (sc.fedpc_model_bytes(sc.vertical_params(m)) + COUNT_FIELDS * INT64)
             a = fedavg_bytes(sc.n_clients, m, sc.rounds, sc.itemsize, directions=sc.directions)
-            v = fedpc_vertical_bytes(sc.n_clients, sc.vertical_params(m), sc.clusters, sc.products, sc.itemsize)
             n = splitnn_bytes(sc.n_clients, sc.cut, s, sc.epochs, sc.itemsize, directions=sc.directions)
             out.append({"samples": s, "params": m, "fedpc_h": h, "fedavg": a, "fedpc_v": v, "splitnn": n,
                         "fedavg_over_fedpc": a / h, "splitnn_over_fedpc": n / v})
     return out
+
+
+def claim_rows(sc: Scenario = PAPER, fedavg_factor: float = 100.0, splitnn_factor: float = 1000.0
+               ) -> list[dict[str, Any]]:
+    """Where "FedPC trains with >= 100x fewer bytes than FedAvg, >= 1000x fewer than SplitNN" holds.
+
+    One row per (S, M) of ``sc``: both ratios, whether each claim holds, and the smallest S at
+    which SplitNN reaches ``splitnn_factor`` times FedPC's bytes (SplitNN grows linearly in S;
+    FedPC and FedAvg do not depend on S).
+    """
+    rows = []
+    for c in scenario_costs(sc):
+        per_sample = splitnn_bytes(sc.n_clients, sc.cut, 1, sc.epochs, sc.itemsize, directions=sc.directions)
+        rows.append({**c, "fedavg_claim": c["fedavg_over_fedpc"] >= fedavg_factor,
+                     "splitnn_claim": c["splitnn_over_fedpc"] >= splitnn_factor,
+                     "splitnn_claim_from_samples": int(-(-splitnn_factor * c["fedpc_v"] // per_sample))})
+    return rows
 
 
 @dataclass(frozen=True)
@@ -241,7 +332,7 @@ def plot_appendix_d(path: str | Path, sc: Scenario = PAPER,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mpifc.runtime.atomic import atomic_write_bytes
+    from mpifc.atomic import atomic_write_bytes
 
     costs = scenario_costs(sc)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -289,7 +380,8 @@ def plot_appendix_d(path: str | Path, sc: Scenario = PAPER,
     return atomic_write_bytes(path, buf.getvalue())
 
 
-__all__ = ["FLOAT32", "INT64", "MB", "PAPER", "Scenario", "MeasuredPoint", "clients_per_round",
+__all__ = ["COUNT_FIELDS", "FLOAT32", "INT64", "MB", "PAPER", "Scenario", "MeasuredPoint", "claim_rows",
+           "clients_per_round", "fedpc_sent_bytes", "model_array_bytes",
            "fedavg_bytes", "fedavg_messages", "fedpc_horizontal_bytes", "fedpc_vertical_bytes",
            "fedpc_hybrid_bytes", "n_batches", "plot_appendix_d", "scenario_costs", "splitnn_bytes",
            "splitnn_messages", "vertical_condition", "with_headers"]

@@ -34,7 +34,15 @@ cluster then costs several nats. ``n_clusters = 1`` (mean 0.298) is no collabora
 FedPC is a plain product of the clients' PCs, ``y`` only sees ``x_0``, CL/CI equals agent 0's
 CL/DI and every other agent's CL/DI is the label prior (tested).
 
-Bytes (float64 everywhere, 8 bytes a value):
+The reported results do not come from this module's single-process run: the experiment runs the
+four settings as real MPI jobs (``mpifc.runtime.fc_job train/evaluate`` for CL on label-owner-0
+shards, which is exactly ``label_from="owner"``; :mod:`mpifc.analysis.decentralization_job` for the
+CL/DI pack and for DL) and reads every byte from their ledgers. :func:`four_settings` is the
+in-process reference their predictions are tested against (equal to 1e-9), and gives the
+closed forms below.
+
+Bytes in-process (float64 everywhere, 8 bytes a value; what the ledgers' payloads must match where
+the messages are arrays of float64):
 
 * Inference, CL/CI: the arrays that cross a rank link in one upward pass with ψ = ``flat`` (leaves
   on their client's rank, inner nodes on the server), measured from the evaluated node values
@@ -320,7 +328,10 @@ def four_settings(blocks: Sequence[ClientBlock], schema: Schema, y_train: np.nda
         y_train: ``(n_train,)`` training labels (every agent holds them; used for ``p(y)``).
 
     Returns:
-        ``{setting: SettingResult}`` and extras (the FC, sizes, zero-likelihood row counts, label-prior loss).
+        ``{setting: SettingResult}`` and extras (the FC, sizes, zero-likelihood row counts, label-prior
+        loss, and ``log_post``: ``{setting: [log p(y | ·) (n_test, C)]}``, one per agent for DI).
+        This is the in-process reference; the experiment runs the same settings as MPI jobs
+        (:mod:`mpifc.analysis.decentralization_job`) and takes the bytes from their ledgers.
     """
     if len(blocks) < 1:
         raise UserError("four_settings needs at least one agent")
@@ -338,10 +349,12 @@ def four_settings(blocks: Sequence[ClientBlock], schema: Schema, y_train: np.nda
     res = {"CL/CI": SettingResult("CL/CI", cross_entropy(ci, y), accuracy(ci, y), trained.train_bytes,
                                   measured, closed_form_infer_bytes=fedpc_closed_form_bytes(fc, n, schema))}
     di = []
+    posts: dict[str, list[np.ndarray]] = {"CL/CI": [ci], "CL/DI": [], "DL/CI": [], "DL/DI": []}
     for b in blocks:
         lj = fedpc_class_values(fc, evidence_columns(schema, blocks, [b.index]), schema)[fc.root]
         zero["CL/DI"] = zero.get("CL/DI", 0) + zero_likelihood_rows(lj)
         lp = log_posterior(lj)
+        posts["CL/DI"].append(lp)
         di.append((cross_entropy(lp, y), accuracy(lp, y)))
     k, ce_, acc = _worst(di)
     di_bytes = sum(di_pack_bytes(fc, b.index, schema) for b in blocks)
@@ -358,8 +371,10 @@ def four_settings(blocks: Sequence[ClientBlock], schema: Schema, y_train: np.nda
         sent.append(lj)
         zero["DL"] = zero.get("DL", 0) + zero_likelihood_rows(lj)
         lp = log_posterior(lj)
+        posts["DL/DI"].append(lp)
         local.append((cross_entropy(lp, y), accuracy(lp, y)))
     poe = product_of_experts([log_posterior(v) for v in sent], log_prior)
+    posts["DL/CI"].append(poe)
     dl_train = counts.nbytes
     closed = dl_ci_closed_form_bytes(n, schema.n_classes, k_agents)
     res["DL/CI"] = SettingResult("DL/CI", cross_entropy(poe, y), accuracy(poe, y), dl_train,
@@ -367,7 +382,8 @@ def four_settings(blocks: Sequence[ClientBlock], schema: Schema, y_train: np.nda
     k, ce_, acc = _worst(local)
     res["DL/DI"] = SettingResult("DL/DI", ce_, acc, 0, 0, k, tuple(s for s, _ in local))
     extras = {"fc": fc, "n_test": n, "n_train": int(len(y_train)), "n_agents": k_agents,
-              "fc_leaves": len(fc.leaves), "zero_likelihood_rows": zero, "label_prior_ce": cross_entropy(
+              "fc_leaves": len(fc.leaves), "zero_likelihood_rows": zero, "log_post": posts,
+              "label_prior_ce": cross_entropy(
                   np.broadcast_to(log_prior, (n, schema.n_classes)), y)}
     return res, extras
 

@@ -14,7 +14,7 @@ from mpifc.runtime.kinds import kind_by_id
 
 def save_array(path: str, arr: np.ndarray) -> None:
     """Write ``arr`` as ``.npy`` atomically."""
-    from mpifc.runtime.atomic import atomic_write_bytes
+    from mpifc.atomic import atomic_write_bytes
 
     buf = io.BytesIO()
     np.save(buf, arr)

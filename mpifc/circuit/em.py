@@ -6,8 +6,8 @@ statistics of the union, which is what makes distributed EM exact (one all-reduc
 ``to_arrays()``). These drivers are the single-process loops.
 
 Parameters updated by EM: sum weights, and Gaussian (mean, var), Bernoulli p, Categorical probs,
-Histogram densities (bins fixed) and DiscretizedGaussian (mean, var; censored-data EM).
-PiecewiseLinear leaves are frozen.
+Histogram densities (bins fixed), PiecewiseLinear knot heights (knots fixed; exact EM as
+mixture weights of hat densities) and DiscretizedGaussian (mean, var; censored-data EM).
 """
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ from mpifc.circuit.splitting import (
     split_rows,
     single_native_thread,
 )
+from mpifc.circuit.rdc import TIES as RDC_TIES
 from mpifc.errors import UserError
 
 META_TYPES = ("real", "discrete", "categorical")
@@ -60,6 +61,7 @@ class LearnSPNParams:
     alpha: float = 1.0
     min_var: float = 1e-4
     rdc_k: int = 10
+    rdc_ties: str = "max"
     n_init: int = 3
     cluster_first: bool = False
     leaf_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +118,10 @@ def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams) -> tu
         raise UserError(f"learn_spn: n_clusters must be an int >= 2, got {p.n_clusters!r}")
     if p.leaf not in LEAF_CHOICES:
         raise UserError(f"learn_spn: leaf must be one of {LEAF_CHOICES}, got {p.leaf!r}")
+    if p.rdc_ties not in RDC_TIES:
+        raise UserError(f"learn_spn: rdc_ties must be one of {RDC_TIES}, got {p.rdc_ties!r}")
+    if isinstance(p.rdc_k, bool) or not isinstance(p.rdc_k, (int, np.integer)) or p.rdc_k < 1:
+        raise UserError(f"learn_spn: rdc_k must be an int >= 1, got {p.rdc_k!r}")
     if not (0.0 < p.gtest_pvalue < 1.0):
         raise UserError(f"learn_spn: gtest_pvalue must be in (0, 1), got {p.gtest_pvalue!r}")
     if not (p.alpha > 0.0):
@@ -282,7 +288,8 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
             continue
         if not task.skip_col_split:
             if p.col_split == "rdc":
-                groups = split_columns_rdc(block, categorical[cols], cards[cols], p.threshold, rng, k=p.rdc_k)
+                groups = split_columns_rdc(block, categorical[cols], cards[cols], p.threshold, rng, k=p.rdc_k,
+                                            ties=p.rdc_ties)
             else:
                 groups = split_columns_gtest(block, cards[cols], p.gtest_pvalue)
             if len(groups) > 1:
@@ -362,6 +369,7 @@ def learn_spn(
     alpha: float = 1.0,
     min_var: float = 1e-4,
     rdc_k: int = 10,
+    rdc_ties: str = "max",
     n_init: int = 3,
     cluster_first: bool = False,
     leaf_kwargs: dict[str, Any] | None = None,
@@ -384,7 +392,11 @@ def learn_spn(
         gtest_pvalue: G-test significance level; smaller = fewer dependencies = more products.
         alpha: Laplace smoothing of Bernoulli/Categorical leaves (pseudo-count per value).
         min_var: variance floor of Gaussian leaves.
-        rdc_k: random features per column in the RDC.
+        rdc_k: random features per column in the RDC (SPFlow 1.1.0 uses 20).
+        rdc_ties: copula convention for ties in the RDC: ``"max"`` (default, a faithful RDC; on
+            binary columns exactly ``|Pearson|``) or ``"ordinal"`` (SPFlow 1.1.0's row-order
+            tie-breaking, which inflates the dependence of sparse discrete columns; for
+            like-for-like comparisons only, see :func:`mpifc.circuit.rdc.ecdf`).
         n_init: restarts of each clustering.
         cluster_first: start with a row split at the root (MSPN's default) instead of a column
             split (Gens & Domingos, SPFlow).
@@ -408,6 +420,7 @@ def learn_spn(
         alpha=alpha,
         min_var=min_var,
         rdc_k=rdc_k,
+        rdc_ties=rdc_ties,
         n_init=n_init,
         cluster_first=cluster_first,
         leaf_kwargs=dict(leaf_kwargs or {}),

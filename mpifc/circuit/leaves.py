@@ -20,7 +20,7 @@ Batched interface (``x`` is ``(batch, n)``: column ``i`` holds the values fed to
   leaves whose total flow is ~0 keep their old parameters.
 
 Leaf types: :class:`Gaussian`, :class:`Bernoulli`, :class:`Categorical`, :class:`Histogram`,
-:class:`PiecewiseLinear` (EM-frozen), :class:`DiscretizedGaussian`. :func:`fit_leaf` picks one
+:class:`PiecewiseLinear`, :class:`DiscretizedGaussian`. :func:`fit_leaf` picks one
 per meta-type.
 """
 from __future__ import annotations
@@ -221,6 +221,41 @@ def _mix(old: torch.Tensor, new: torch.Tensor, ok: torch.Tensor, step: float) ->
         ok = ok[..., None]
     upd = old + step * (new - old) if step != 1.0 else new
     return torch.where(ok, upd, old)
+
+
+TAIL_MASS = 1e-6
+"""Default probability mass a continuous Histogram / PiecewiseLinear leaf keeps *outside* its
+body ``[lo, hi]`` (the bin edges / outer knots): values beyond the training range get a small
+finite density instead of "impossible", so test rows there keep valid posteriors."""
+
+
+def _tail_log_density(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """Log-density of the two exponential tails attached to a body on ``[lo, hi]``.
+
+    Each side carries mass ``tail / 2`` and decays with scale ``hi - lo`` from the edge:
+    ``(tail / 2) / (hi - lo) * exp(-dist / (hi - lo))``, which integrates to exactly ``tail`` over
+    ``x < lo`` and ``x > hi``. With the body scaled by ``1 - tail`` the leaf is normalised on the
+    whole real line and its log-density falls off linearly, never to ``-inf``.
+    """
+    scale = (hi - lo)[None, :]
+    dist = torch.where(x < lo[None, :], lo[None, :] - x, x - hi[None, :]).clamp_min(0.0)
+    return torch.log(tail / 2)[None, :] - torch.log(scale) - dist / scale
+
+
+def _sample_tails(out: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: np.ndarray,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Replace each draw by a tail draw with probability ``tail`` (side and distance as in
+    :func:`_tail_log_density`). All arrays ``(m,)``; draws always consume the same randoms."""
+    u, side, e = rng.random(len(out)), rng.random(len(out)) < 0.5, rng.exponential(size=len(out))
+    scale = hi - lo
+    t = np.where(side, lo - e * scale, hi + e * scale)
+    return np.where(u < tail, t, out)
+
+
+def _check_tail(tail: float, who: str) -> float:
+    if not (0.0 <= float(tail) < 1.0):
+        raise UserError(f"{who}: tail mass must be in [0, 1), got {tail}")
+    return float(tail)
 
 
 # ============================================================================== Gaussian
@@ -443,23 +478,32 @@ class Histogram(Leaf):
     """Piecewise-constant density on bins ``[breaks[i], breaks[i+1])`` (MSPN leaf).
 
     With integer ``breaks`` one unit apart and ``discrete=True`` the density equals the mass of
-    each integer, so it doubles as a discrete leaf (mode and samples are then the integers).
+    each integer, so it doubles as a discrete leaf (mode and samples are then the integers; values
+    outside the bins are impossible, as for :class:`Categorical`).
+
+    A continuous histogram keeps mass ``tail`` outside ``[breaks[0], breaks[-1])``: the bins
+    carry ``1 - tail`` and two exponential tails (see :func:`_tail_log_density`) the rest, so the
+    density is positive and normalised on the whole line. EM re-estimates the bins from the
+    points inside them (exact EM: the tails have no free parameter).
 
     Args:
         breaks: ``(b+1,)`` strictly increasing bin edges.
-        densities: ``(b,)`` non-negative densities with ``sum(densities * widths) == 1``.
+        densities: ``(b,)`` non-negative densities with ``sum(densities * widths) == 1`` (the
+            body's shape; the evaluated density inside is ``(1 - tail) * densities``).
         discrete: values are the integers ``breaks[i]`` (mode/sampling return left edges).
         alpha: Laplace pseudo-count per bin used by ``fit`` and EM.
+        tail: mass outside the bins (continuous only; ignored when ``discrete``); 0 makes values
+            outside impossible.
     """
 
     type_name = "histogram"
-    param_names = ("breaks", "densities", "discrete", "alpha")
+    param_names = ("breaks", "densities", "discrete", "alpha", "tail")
     learnable = ("densities",)
     ragged = ("breaks", "densities")
     pad = {"breaks": math.inf, "densities": 0.0}
 
     def __init__(self, breaks: Sequence[float] | np.ndarray, densities: Sequence[float] | np.ndarray,
-                 discrete: bool = False, alpha: float = 1.0) -> None:
+                 discrete: bool = False, alpha: float = 1.0, tail: float = TAIL_MASS) -> None:
         b = np.asarray(breaks, dtype=np.float64).reshape(-1)
         d = np.asarray(densities, dtype=np.float64).reshape(-1)
         if b.size != d.size + 1 or d.size == 0 or np.any(~np.isfinite(b)) or np.any(np.diff(b) <= 0):
@@ -469,7 +513,8 @@ class Histogram(Leaf):
         if np.any(~np.isfinite(d)) or np.any(d < 0) or abs(mass - 1) > 1e-6:
             raise UserError(f"Histogram: densities must be >= 0 and integrate to 1 (got {mass:.6g})")
         self._p = {"breaks": b, "densities": d / mass, "discrete": np.array(float(discrete)),
-                   "alpha": np.array(float(alpha))}
+                   "alpha": np.array(float(alpha)),
+                   "tail": np.array(0.0 if discrete else _check_tail(tail, "Histogram"))}
 
     @classmethod
     def _bin(cls, P: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -483,10 +528,20 @@ class Histogram(Leaf):
         return torch.where(ok, j, torch.zeros_like(j)), ok
 
     @classmethod
+    def _edges(cls, P: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """First and last bin edge ``(n,)`` each."""
+        return P["breaks"][:, 0], P["breaks"].gather(1, (P["len_breaks"] - 1)[:, None])[:, 0]
+
+    @classmethod
     def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
         j, ok = cls._bin(P, x)
-        lp = _safe_log(P["densities"])[torch.arange(j.shape[1])[None, :], j]
-        return _finish(torch.where(ok, lp, torch.full_like(lp, LOG_ZERO)), x)
+        tail = P["tail"]
+        lp = _safe_log(P["densities"])[torch.arange(j.shape[1])[None, :], j] + torch.log1p(-tail)[None, :]
+        lo, hi = cls._edges(P)
+        xc = torch.nan_to_num(x, nan=0.0)
+        outside = ((xc < lo[None, :]) | (xc >= hi[None, :])) & (P["discrete"] == 0)[None, :]
+        lt = torch.where(outside, _tail_log_density(xc, lo, hi, tail), torch.full_like(lp, LOG_ZERO))
+        return _finish(torch.where(ok, lp, lt), x)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
@@ -508,7 +563,9 @@ class Histogram(Leaf):
         rows = np.arange(len(idx))
         lo = br[rows, j]
         disc = P["discrete"].double().numpy()[idx] > 0
-        return np.where(disc, lo, lo + rng.random(len(idx)) * wid[rows, j])
+        out = np.where(disc, lo, lo + rng.random(len(idx)) * wid[rows, j])
+        first, last = (e.double().numpy()[idx] for e in cls._edges(P))
+        return _sample_tails(out, first, last, P["tail"].double().numpy()[idx], rng)
 
     @classmethod
     def batch_em_stats(cls, P: Params, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -536,9 +593,10 @@ class Histogram(Leaf):
     @classmethod
     def fit(cls, values: Any, weights: Any | None = None, discrete: bool = False,
             bins: int | str = "auto", alpha: float = 1.0, breaks: Any | None = None,
-            **_: Any) -> "Histogram":
+            tail: float = TAIL_MASS, **_: Any) -> "Histogram":
         """Weighted histogram. ``discrete``: one unit bin per integer from min to max (or pass
-        ``breaks``); otherwise numpy's ``bins`` rule on the (unweighted) values."""
+        ``breaks``); otherwise numpy's ``bins`` rule on the (unweighted) values. Values outside
+        ``breaks`` are left to the tails (``tail``)."""
         v, w = _clean_values(values, weights)
         if breaks is not None:
             br = np.asarray(breaks, dtype=np.float64)
@@ -554,30 +612,41 @@ class Histogram(Leaf):
         c = c + alpha
         if c.sum() <= 0:
             c = np.ones_like(c)
-        return cls(br, c / c.sum() / np.diff(br), discrete, alpha)
+        return cls(br, c / c.sum() / np.diff(br), discrete, alpha, tail)
 
 
 # ============================================================================== PiecewiseLinear
 
 
 class PiecewiseLinear(Leaf):
-    """Density linear between knots ``(xs[i], ys[i])`` and 0 outside ``[xs[0], xs[-1]]`` (MSPN).
+    """Density linear between knots ``(xs[i], ys[i])`` (MSPN), with exponential tails outside.
 
-    Frozen under EM (its parameters are knots of a fitted histogram, not an exponential family).
+    With the knots fixed, linear interpolation is a mixture of normalised "hat" densities: hat
+    ``i`` rises from ``xs[i-1]`` to 1 at ``xs[i]`` and falls to ``xs[i+1]``, has area
+    ``a_i = (xs[i+1] - xs[i-1]) / 2`` (half of that at the two ends) and weight
+    ``pi_i = ys[i] * a_i`` (the trapezoid rule makes ``sum(pi) == 1``). EM therefore updates the
+    heights exactly as mixture weights: ``pi_i`` becomes the expected share of the points
+    attributed to hat ``i``; its statistic (the per-knot responsibilities) adds up over shards.
+    The knots stay where ``fit`` put them, like a histogram's bin edges.
+
+    The body on ``[xs[0], xs[-1]]`` carries mass ``1 - tail``; two exponential tails carry
+    ``tail`` (see :func:`_tail_log_density`), so values outside the training range keep a small
+    finite, normalised density.
 
     Args:
         xs: ``(m,)`` strictly increasing knots, ``m >= 2``.
         ys: ``(m,)`` non-negative densities at the knots; trapezoid integral must be 1.
+        tail: mass outside ``[xs[0], xs[-1]]``; 0 makes values there impossible.
     """
 
     type_name = "piecewise_linear"
-    param_names = ("xs", "ys")
-    learnable = ("xs", "ys")
+    param_names = ("xs", "ys", "tail")
+    learnable = ("ys",)
     ragged = ("xs", "ys")
     pad = {"xs": math.inf, "ys": 0.0}
-    em_trainable = False
 
-    def __init__(self, xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> None:
+    def __init__(self, xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray,
+                 tail: float = TAIL_MASS) -> None:
         a = np.asarray(xs, dtype=np.float64).reshape(-1)
         b = np.asarray(ys, dtype=np.float64).reshape(-1)
         if a.size < 2 or a.size != b.size or np.any(~np.isfinite(a)) or np.any(np.diff(a) <= 0):
@@ -585,24 +654,82 @@ class PiecewiseLinear(Leaf):
         area = float(np.trapezoid(b, a)) if np.all(np.isfinite(b)) else math.nan
         if np.any(b < 0) or not abs(area - 1) <= 1e-6:
             raise UserError(f"PiecewiseLinear: ys must be >= 0 with integral 1 (got {area:.6g})")
-        self._p = {"xs": a, "ys": b / area}
+        self._p = {"xs": a, "ys": b / area, "tail": np.array(_check_tail(tail, "PiecewiseLinear"))}
 
     @classmethod
-    def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
-        xs, ys = P["xs"], P["ys"]
-        n = xs.shape[0]
+    def _segment(cls, P: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Segment index ``j`` ``(batch, n)``, position ``t`` in it (0..1) and an inside mask."""
+        xs = P["xs"]
         xc = torch.nan_to_num(x, nan=0.0)
         j = (torch.searchsorted(xs.contiguous(), xc.T.contiguous(), right=True) - 1).T
         last = P["len_xs"] - 1
         # The support is closed: the last knot belongs to the last segment.
         j = torch.where(xc == xs.gather(1, last[:, None])[:, 0][None, :], (last - 1)[None, :], j)
-        ok = (j >= 0) & (j < last[None, :])
+        ok = (j >= 0) & (j < last[None, :]) & ~torch.isnan(x)
         j = torch.where(ok, j, torch.zeros_like(j))
-        col = torch.arange(n)[None, :]
-        x0, x1, y0, y1 = xs[col, j], xs[col, j + 1], ys[col, j], ys[col, j + 1]
+        col = torch.arange(xs.shape[0])[None, :]
+        x0, x1 = xs[col, j], xs[col, j + 1]
         t = ((xc - x0) / torch.where(ok, x1 - x0, torch.ones_like(x0))).clamp(0, 1)
-        y = torch.where(ok, y0 + t * (y1 - y0), torch.zeros_like(y0))
-        return _finish(_safe_log(y.clamp_min(0)), x)
+        return j, t, ok
+
+    @classmethod
+    def _ends(cls, P: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        return P["xs"][:, 0], P["xs"].gather(1, (P["len_xs"] - 1)[:, None])[:, 0]
+
+    @classmethod
+    def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
+        ys = P["ys"]
+        j, t, ok = cls._segment(P, x)
+        col = torch.arange(ys.shape[0])[None, :]
+        y = (ys[col, j] + t * (ys[col, j + 1] - ys[col, j])).clamp_min(0)
+        body = _safe_log(y) + torch.log1p(-P["tail"])[None, :]
+        lo, hi = cls._ends(P)
+        xc = torch.nan_to_num(x, nan=0.0)
+        lt = _tail_log_density(xc, lo, hi, P["tail"])
+        return _finish(torch.where(ok, body, lt), x)
+
+    @classmethod
+    def _hat_areas(cls, P: Params) -> torch.Tensor:
+        """Area of each knot's hat ``(n, m)`` (1 on padding, which has no mass)."""
+        xs, L = P["xs"], P["len_xs"]
+        m = xs.shape[1]
+        valid = torch.arange(m)[None, :] < L[:, None]
+        xv = torch.where(valid, xs, torch.zeros_like(xs))
+        idx = torch.arange(m)[None, :].expand_as(xs)
+        left = xv.gather(1, (idx - 1).clamp_min(0))
+        right = xv.gather(1, torch.minimum(idx + 1, (L - 1)[:, None]))
+        a = 0.5 * (right - left)
+        return torch.where(valid & (a > 0), a, torch.ones_like(a))
+
+    @classmethod
+    def batch_em_stats(cls, P: Params, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        ys = P["ys"]
+        n, m = ys.shape
+        j, t, ok = cls._segment(P, x)
+        col = torch.arange(n)[None, :]
+        left, right = ys[col, j] * (1 - t), ys[col, j + 1] * t
+        y = left + right
+        use = ok & (y > 0)
+        w = torch.where(use, w, torch.zeros_like(w))
+        ys_ = torch.where(use, y, torch.ones_like(y))
+        base = (col * m).expand_as(j)
+        counts = torch.zeros(n * m, dtype=w.dtype)
+        counts.index_add_(0, (base + j).reshape(-1), (w * left / ys_).reshape(-1))
+        counts.index_add_(0, (base + j + 1).reshape(-1), (w * right / ys_).reshape(-1))
+        return {"counts": counts.view(n, m)}
+
+    @classmethod
+    def batch_m_step(cls, P: Params, stats: dict[str, torch.Tensor], step_size: float) -> Params:
+        c = stats["counts"]
+        valid = torch.arange(c.shape[1])[None, :] < P["len_ys"][:, None]
+        c = torch.where(valid, c, torch.zeros_like(c))
+        tot = c.sum(1)
+        ok = tot > MIN_FLOW
+        pi = c / torch.where(ok, tot, torch.ones_like(tot))[:, None]
+        ys = torch.where(valid, pi / cls._hat_areas(P), torch.zeros_like(pi))
+        out = dict(P)
+        out["ys"] = _mix(P["ys"], ys, ok, step_size)
+        return out
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
@@ -627,11 +754,12 @@ class PiecewiseLinear(Leaf):
             # Stable root of y0*t + s*t^2/2 = r (also fine for s = 0 or y0 = 0).
             t = 2 * r / np.maximum(y0 + np.sqrt(np.maximum(y0 * y0 + 2 * s * r, 0.0)), 1e-300)
             out[sel] = xs[j] + np.clip(t, 0.0, h[j])
-        return out
+        lo, hi = (e.double().numpy()[idx] for e in cls._ends(P))
+        return _sample_tails(out, lo, hi, P["tail"].double().numpy()[idx], rng)
 
     @classmethod
     def fit(cls, values: Any, weights: Any | None = None, bins: int | str = "auto",
-            alpha: float = 1.0, **_: Any) -> "PiecewiseLinear":
+            alpha: float = 1.0, tail: float = TAIL_MASS, **_: Any) -> "PiecewiseLinear":
         """Knots at the (weighted, Laplace-smoothed) histogram's bin centres, with zero-density
         knots half a bin beyond each end; normalised by the trapezoid rule."""
         h = Histogram.fit(values, weights, bins=bins, alpha=alpha)
@@ -640,7 +768,7 @@ class PiecewiseLinear(Leaf):
         w0, w1 = br[1] - br[0], br[-1] - br[-2]
         xs = np.concatenate([[br[0] - 0.5 * w0], c, [br[-1] + 0.5 * w1]])
         ys = np.concatenate([[0.0], d, [0.0]])
-        return cls(xs, ys / np.trapezoid(ys, xs))
+        return cls(xs, ys / np.trapezoid(ys, xs), tail)
 
 
 # ============================================================================== DiscretizedGaussian

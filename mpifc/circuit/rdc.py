@@ -40,19 +40,34 @@ _ROW_CHUNK = 8192
 """Rows per block when accumulating the feature covariance (bounds memory to O(chunk * d * k))."""
 
 
-def ecdf(values: np.ndarray) -> np.ndarray:
-    """Empirical CDF of each column, ``(n, m) -> (n, m)`` in ``(0, 1]``; ties share a value."""
+TIES = ("max", "ordinal")
+"""Copula conventions for tied values (see :func:`ecdf`)."""
+
+
+def ecdf(values: np.ndarray, ties: str = "max") -> np.ndarray:
+    """Empirical CDF of each column, ``(n, m) -> (n, m)`` in ``(0, 1]``.
+
+    ``ties="max"`` (default; MSPN's ``ecdf``): tied values share one value, ``#{x_i <= x} / n``,
+    so the transform is a function of the value alone. ``ties="ordinal"`` (SPFlow 1.1.0 and the
+    reference ``rdc.py`` it copies): ties get distinct ranks in row order. That is *not* a
+    function of the value: on discrete data every column's tie blocks are ordered by the same
+    row index, which makes independent columns look dependent (two independent Bernoulli(0.05)
+    columns score an RDC near 0.9). It exists to reproduce SPFlow's statistic, not as a default.
+    """
+    if ties not in TIES:
+        raise ValueError(f"ecdf: ties must be one of {TIES}, got {ties!r}")
     n = values.shape[0]
-    return rankdata(values, method="max", axis=0) / float(n)
+    return rankdata(values, method=ties, axis=0) / float(n)
 
 
-def _copula_inputs(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int]) -> list[np.ndarray]:
+def _copula_inputs(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int],
+                   ties: str = "max") -> list[np.ndarray]:
     """Per column, the ECDF-transformed inputs to the random projection, with a bias column."""
     n = data.shape[0]
     cont = [j for j in range(data.shape[1]) if not categorical[j]]
     out: list[np.ndarray | None] = [None] * data.shape[1]
     if cont:
-        u = ecdf(data[:, cont])
+        u = ecdf(data[:, cont], ties)
         for pos, j in enumerate(cont):
             out[j] = np.column_stack([u[:, pos], np.ones(n)])
     for j in range(data.shape[1]):
@@ -72,6 +87,7 @@ def rdc_matrix(
     k: int = RDC_K,
     s: float = RDC_S,
     rng: np.random.Generator,
+    ties: str = "max",
 ) -> np.ndarray:
     """Randomised dependence coefficient of every pair of columns.
 
@@ -82,6 +98,9 @@ def rdc_matrix(
         k: random features per column; categorical columns get at least ``cards[j]``.
         s: projection scale.
         rng: source of the random projections.
+        ties: copula convention for tied values, ``"max"`` (a faithful RDC; on two-valued
+            columns it is exactly ``|Pearson|``) or ``"ordinal"`` (SPFlow 1.1.0's, row-order
+            tie-breaking; see :func:`ecdf`).
 
     Returns:
         ``(d, d)`` symmetric float64 matrix in ``[0, 1]`` with ones on the diagonal; a constant
@@ -95,9 +114,11 @@ def rdc_matrix(
     if d == 1 or n < 2:
         return np.eye(d)
     data = np.asarray(data, dtype=np.float64)
-    if _all_two_valued(data):
+    if ties not in TIES:
+        raise ValueError(f"rdc_matrix: ties must be one of {TIES}, got {ties!r}")
+    if ties == "max" and _all_two_valued(data):
         return _binary_rdc(data)
-    return _random_feature_rdc(data, categorical, cards, k, s, rng)
+    return _random_feature_rdc(data, categorical, cards, k, s, rng, ties)
 
 
 def _random_feature_rdc(
@@ -107,10 +128,11 @@ def _random_feature_rdc(
     k: int,
     s: float,
     rng: np.random.Generator,
+    ties: str = "max",
 ) -> np.ndarray:
     """The general RDC computation behind :func:`rdc_matrix` (same arguments)."""
     n, d = data.shape
-    inputs = _copula_inputs(data, categorical, cards)
+    inputs = _copula_inputs(data, categorical, cards, ties)
     kk = max([k] + [int(cards[j]) for j in range(d) if categorical[j]])
     # Same-shaped projections for every column (zero-padded rows for narrower inputs) let one
     # einsum build all features at once.

@@ -52,9 +52,11 @@ def split_columns_rdc(
     threshold: float,
     rng: np.random.Generator,
     k: int = RDC_K,
+    ties: str = "max",
 ) -> list[np.ndarray]:
-    """Groups of columns whose pairwise RDC is below ``threshold`` across groups."""
-    rdc = rdc_matrix(data, categorical, cards, k=k, rng=rng)
+    """Groups of columns whose pairwise RDC is below ``threshold`` across groups (``ties``: see
+    :func:`mpifc.circuit.rdc.ecdf`)."""
+    rdc = rdc_matrix(data, categorical, cards, k=k, rng=rng, ties=ties)
     return dependency_components(rdc >= threshold)
 
 

@@ -155,6 +155,9 @@ def load_graph(group: Any) -> G.Node:
             n = int((ltype == t).sum())
             cols: dict[str, list[np.ndarray]] = {}
             for p in cls.param_names:
+                if p == "tail" and p not in sub:  # written before leaves had tails: hard support
+                    cols[p] = [np.array(0.0)] * n
+                    continue
                 flat = sub[p][()]
                 if p in cls.ragged:
                     cuts = np.cumsum(sub[p + ".len"][()])[:-1]

@@ -37,6 +37,7 @@ _REGISTRY: dict[str, Experiment] = {}
 # name -> module that registers it (imported lazily: experiments pull in torch, h5py, ...).
 MODULES: dict[str, str] = {
     "table1": "mpifc.experiments.table1",
+    "table2": "mpifc.experiments.table2",
     "table3": "mpifc.experiments.table3",
     "table7": "mpifc.experiments.table7",
     "commcost": "mpifc.experiments.communication",
@@ -69,11 +70,13 @@ def get(name: str) -> Experiment:
 
 
 def _run_decentralization(out_dir: str | Path, seeds: Sequence[int], quick: bool = False,
-                          parts: Sequence[str] | None = None, **_: Any) -> dict[str, Any]:
+                          parts: Sequence[str] | None = None, **opts: Any) -> dict[str, Any]:
     # Part 1 is exact (seeds do not apply); part 2 measures the four settings on real data.
     from mpifc.experiments import decentralization
 
-    return decentralization.run(out_dir, quick=quick, parts=tuple(parts or ("exact", "empirical")))
+    keep = {k: opts[k] for k in ("datasets", "max_rows", "timeout", "shards") if k in opts}
+    return decentralization.run(out_dir, quick=quick, parts=tuple(parts or ("exact", "empirical")),
+                                seeds=list(seeds), **keep)
 
 
 register("decentralization", "cost of decentralisation in vertical FL (issue 8)", _run_decentralization)

@@ -85,7 +85,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         "log-likelihood": "mean test log-likelihood per row, nats",
     }) + "\n" + markdown_table(["dataset", "glue", "EM (ours)", "one-pass (ours)", "EM (paper)",
                                 "one-pass (paper)"], table) + "\n"
-    from mpifc.runtime.atomic import atomic_write_text
+    from mpifc.atomic import atomic_write_text
 
     files.append(atomic_write_text(out / "table3.md", md))
     files.append(_plot(out / "table3.png", agg))

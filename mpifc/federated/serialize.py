@@ -14,6 +14,13 @@ Layout (no pickle)::
 
 Files are written atomically (temp file in the target folder, then rename), so a failed job never
 leaves a half-written model behind.
+
+Leaf models travel between ranks in a compact wire format instead (:func:`model_to_bytes`): the
+model's own ``save`` writes into a dict-backed :class:`WireGroup`, and the blob is an 8-byte
+header length, a JSON header and the raw arrays, exactly ``8 + H + Σ nbytes`` bytes (``H`` = the
+header's length, a few hundred bytes for a LearnSPN SPN). The server of a training job keeps the
+received models as :class:`WireModel` (decoded, not rebuilt) and writes them into the file
+verbatim, so the file holds what each client's ``save`` wrote.
 """
 from __future__ import annotations
 
@@ -148,23 +155,309 @@ def fc_from_bytes(data: np.ndarray) -> FederatedCircuit:
         return read_fc(f["fc"], load_models=False)
 
 
+# -- compact wire format of one leaf model ---------------------------------------------------
+WIRE_VERSION = 1
+_LEN = 8  # bytes of the little-endian uint64 header length that opens every blob
+
+
+class _WireFile:
+    """What ``group.file`` offers the model loaders (a name for error messages)."""
+
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+
+
+class WireGroup:
+    """A dict-backed stand-in for the part of the ``h5py.Group`` API the model writers and
+    loaders use (:func:`mpifc.circuit.io.register_model`): ``attrs`` (set, get, iterate),
+    ``create_dataset(name, data=...)``, ``create_group``, ``group[name]`` (``"a/b"`` paths),
+    ``name in group``, iteration over member names (sorted, as h5py does), ``name`` and
+    ``file.filename``. Datasets are numpy arrays, so ``group[name][()]`` works as in h5py.
+
+    Attribute values are stored as h5py returns them: Python ints/floats/bools as numpy scalars,
+    sequences as numpy arrays (string sequences as object arrays of ``str``), strings as ``str``.
+    """
+
+    def __init__(self, name: str = "/", filename: str = "<wire>") -> None:
+        self.name = name
+        self.file = _WireFile(filename)
+        self.attrs: dict[str, Any] = _Attrs()
+        self._members: dict[str, Any] = {}
+
+    def create_group(self, name: str) -> "WireGroup":
+        head, _, rest = name.partition("/")
+        if rest:
+            sub = self._members.get(head) or self.create_group(head)
+            return sub.create_group(rest)
+        if name in self._members:
+            raise ValueError(f"{self.name}: member {name!r} already exists")
+        g = WireGroup(f"{self.name.rstrip('/')}/{name}", self.file.filename)
+        self._members[name] = g
+        return g
+
+    def create_dataset(self, name: str, shape: Any = None, dtype: Any = None, data: Any = None,
+                       **_: Any) -> np.ndarray:
+        if data is None:
+            arr = np.zeros(shape, dtype=dtype or np.float64)
+        else:
+            arr = np.array(data, dtype=dtype, copy=True)
+        if arr.dtype.kind not in "biufc":
+            raise TypeError(f"{self.name}/{name}: wire datasets must be numeric, got dtype {arr.dtype}")
+        head, _, rest = name.partition("/")
+        if rest:
+            sub = self._members.get(head) or self.create_group(head)
+            return sub.create_dataset(rest, data=arr)
+        if name in self._members:
+            raise ValueError(f"{self.name}: member {name!r} already exists")
+        self._members[name] = np.ascontiguousarray(arr)
+        return self._members[name]
+
+    def __getitem__(self, name: str) -> Any:
+        head, _, rest = name.strip("/").partition("/")
+        item = self._members[head]
+        return item[rest] if rest else item
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self[name]
+        except (KeyError, TypeError, IndexError):
+            return False
+        return True
+
+    def __iter__(self) -> Any:
+        return iter(sorted(self._members))
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def keys(self) -> list[str]:
+        return sorted(self._members)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self._members[k]) for k in sorted(self._members)]
+
+    def values(self) -> list[Any]:
+        return [self._members[k] for k in sorted(self._members)]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+
+class _Attrs(dict):
+    """``attrs`` of a :class:`WireGroup`: values normalised as h5py reads them back."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(str(key), _attr_value(value))
+
+
+def _attr_value(v: Any) -> Any:
+    if isinstance(v, (str, np.str_)):
+        return str(v)
+    if isinstance(v, (bool, np.bool_)):
+        return np.bool_(v)
+    if isinstance(v, int):
+        return np.int64(v)
+    if isinstance(v, float):
+        return np.float64(v)
+    if isinstance(v, np.generic):
+        return v
+    if isinstance(v, (list, tuple, np.ndarray)):
+        a = np.asarray(v)
+        if a.dtype.kind in "USO":
+            return np.array([str(s) for s in a.reshape(-1)], dtype=object).reshape(a.shape)
+        if a.dtype.kind not in "biufc":
+            raise TypeError(f"attribute of dtype {a.dtype} cannot go on the wire")
+        return a
+    raise TypeError(f"attribute value {v!r} ({type(v).__name__}) cannot go on the wire")
+
+
+def _attr_json(v: Any) -> list[Any]:
+    """Tagged JSON of one attribute: ``["s", str]``, ``[dtype, scalar]``, ``["U", shape, strs]``
+    or ``["A" + dtype, shape, values]``."""
+    if isinstance(v, str):
+        return ["s", v]
+    if isinstance(v, np.ndarray):
+        if v.dtype == object:
+            return ["U", list(v.shape), [str(s) for s in v.reshape(-1)]]
+        return ["A" + v.dtype.str, list(v.shape), v.reshape(-1).tolist()]
+    return [v.dtype.str, v.item()]
+
+
+def _attr_from_json(t: list[Any]) -> Any:
+    tag = t[0]
+    if tag == "s":
+        return str(t[1])
+    if tag == "U":
+        return np.array(t[2], dtype=object).reshape(t[1])
+    if tag.startswith("A"):
+        return np.array(t[2], dtype=np.dtype(tag[1:])).reshape(t[1])
+    return np.dtype(tag).type(t[1])
+
+
+def _tree(g: WireGroup, arrays: list[np.ndarray]) -> list[Any]:
+    """Header of group ``g``: ``[attrs, [[name, dtype, shape], ...], {name: subgroup}]``; the
+    datasets' bytes are appended to ``arrays`` in the same (depth-first) order."""
+    attrs = {k: _attr_json(v) for k, v in g.attrs.items()}
+    dsets, groups = [], {}
+    for k, v in g._members.items():
+        if isinstance(v, WireGroup):
+            continue
+        dsets.append([k, v.dtype.str, list(v.shape)])
+        arrays.append(v)
+    for k, v in g._members.items():
+        if isinstance(v, WireGroup):
+            groups[k] = _tree(v, arrays)
+    return [attrs, dsets, groups]
+
+
+def _untree(t: list[Any], g: WireGroup, buf: memoryview, off: int) -> int:
+    attrs, dsets, groups = t
+    for k, v in attrs.items():
+        dict.__setitem__(g.attrs, k, _attr_from_json(v))
+    for name, dt, shape in dsets:
+        dtype = np.dtype(dt)
+        n = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if off + n > len(buf):
+            raise ValueError(f"dataset {g.name}/{name} runs past the end of the blob")
+        g._members[name] = np.frombuffer(buf[off: off + n], dtype=dtype).reshape(shape).copy()
+        off += n
+    for name, sub in groups.items():
+        off = _untree(sub, g.create_group(name), buf, off)
+    return off
+
+
+def _to_h5(src: WireGroup, dst: h5py.Group) -> None:
+    """Write a :class:`WireGroup` tree into an h5py group (what ``model.save`` would write)."""
+    for k, v in src.attrs.items():
+        dst.attrs[k] = [str(s) for s in v.reshape(-1)] if isinstance(v, np.ndarray) and v.dtype == object else v
+    for k, v in src._members.items():
+        if isinstance(v, WireGroup):
+            _to_h5(v, dst.create_group(k))
+        else:
+            dst.create_dataset(k, data=v)
+
+
+class WireModel:
+    """A leaf model as received, not yet rebuilt: the server of a training job only stores the
+    client PCs, so it keeps them in this form (decoding a blob is a JSON parse and one copy per
+    array; rebuilding, e.g. compiling an SPN, is left to whoever evaluates the model).
+
+    ``save(group)`` writes exactly what the model's own ``save`` wrote, ``num_parameters()``
+    is the sender's count (from the blob header), and any other attribute is looked up on the
+    model, which is rebuilt (:func:`mpifc.circuit.io.load_model`) on first use; from then on
+    ``save`` and ``num_parameters`` ask the rebuilt model (it may have been changed in place).
+    """
+
+    def __init__(self, group: WireGroup, n_parameters: int) -> None:
+        self.group = group
+        self.n_parameters = int(n_parameters)
+        self._model: Any = None
+
+    @property
+    def model_type(self) -> str:
+        return str(self.group.attrs.get("model_type"))
+
+    def save(self, group: Any) -> None:
+        if self._model is not None:  # rebuilt (and maybe changed, e.g. by EM): the model writes
+            self._model.save(group)
+        elif isinstance(group, WireGroup):
+            _copy_wire(self.group, group)
+        else:
+            _to_h5(self.group, group)
+
+    def num_parameters(self) -> int:
+        return int(self._model.num_parameters()) if self._model is not None else self.n_parameters
+
+    def materialize(self) -> Any:
+        """The rebuilt model (cached)."""
+        if self._model is None:
+            _register_federated_models()
+            self._model = load_model(self.group)
+        return self._model
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("group", "n_parameters", "_model"):
+            raise AttributeError(name)
+        return getattr(self.materialize(), name)
+
+
+def _copy_wire(src: WireGroup, dst: WireGroup) -> None:
+    for k, v in src.attrs.items():
+        dict.__setitem__(dst.attrs, k, v.copy() if isinstance(v, np.ndarray) else v)
+    for k, v in src._members.items():
+        if isinstance(v, WireGroup):
+            _copy_wire(v, dst.create_group(k))
+        else:
+            dst._members[k] = v.copy()
+
+
 def model_to_bytes(model: Any) -> np.ndarray:
-    """A leaf model as HDF5 bytes ``(n_bytes,)`` uint8, written by its own ``save`` (no pickle)."""
-    import io
+    """A leaf model as compact wire bytes ``(n_bytes,)`` uint8, written by its own ``save``
+    into a :class:`WireGroup` (no pickle, no HDF5 file image).
 
-    buf = io.BytesIO()
-    with h5py.File(buf, "w") as f:
-        model.save(f.create_group("model"))
-    return np.frombuffer(buf.getvalue(), dtype=np.uint8).copy()
+    Layout: ``H`` as a little-endian uint64 (8 bytes), then ``H`` bytes of UTF-8 JSON (the header:
+    format version, the model's parameter count, and the group tree with every attribute and
+    every dataset's name, dtype and shape), then every dataset's raw bytes in C order, back to
+    back in header order (no padding). So, exactly::
+
+        len(blob) = 8 + H + Σ_datasets nbytes
+
+    i.e. the overhead over the model's raw arrays is ``8 + H`` bytes
+    (:func:`wire_overhead`); ``H`` is a few hundred bytes for a LearnSPN SPN (its ~15 dataset
+    names, dtypes and shapes, and the list of leaf types).
+    """
+    root = WireGroup()
+    model.save(root)
+    if isinstance(model, WireModel):
+        n_params = model.n_parameters
+    else:
+        n_params = int(model.num_parameters()) if hasattr(model, "num_parameters") else -1
+    arrays: list[np.ndarray] = []
+    tree = _tree(root, arrays)
+    header = json.dumps({"v": WIRE_VERSION, "p": n_params, "t": tree}, separators=(",", ":")).encode()
+    out = np.empty(_LEN + len(header) + sum(a.nbytes for a in arrays), dtype=np.uint8)
+    out[:_LEN] = np.frombuffer(np.uint64(len(header)).astype("<u8").tobytes(), dtype=np.uint8)
+    out[_LEN: _LEN + len(header)] = np.frombuffer(header, dtype=np.uint8)
+    off = _LEN + len(header)
+    for a in arrays:
+        out[off: off + a.nbytes] = np.frombuffer(np.ascontiguousarray(a).tobytes(), dtype=np.uint8)
+        off += a.nbytes
+    return out
 
 
-def model_from_bytes(data: np.ndarray) -> Any:
-    """Inverse of :func:`model_to_bytes`."""
-    import io
+def wire_overhead(blob: np.ndarray) -> int:
+    """Bytes of ``blob`` that are not model arrays: ``8 + H`` (see :func:`model_to_bytes`)."""
+    return _LEN + int(np.frombuffer(np.asarray(blob, dtype=np.uint8)[:_LEN].tobytes(), dtype="<u8")[0])
 
-    _register_federated_models()
-    with h5py.File(io.BytesIO(np.asarray(data, dtype=np.uint8).tobytes()), "r") as f:
-        return load_model(f["model"])
+
+def model_from_bytes(data: np.ndarray, lazy: bool = False, source: str = "model blob") -> Any:
+    """Inverse of :func:`model_to_bytes`.
+
+    Args:
+        lazy: return a :class:`WireModel` (arrays decoded, model not rebuilt) instead of the model.
+        source: who sent the blob, for the error message.
+
+    Raises:
+        UserError: a malformed blob (naming ``source``).
+    """
+    buf = memoryview(np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)).cast("B")
+    try:
+        if len(buf) < _LEN:
+            raise ValueError(f"{len(buf)} bytes, shorter than the {_LEN}-byte header length")
+        h = int(np.frombuffer(buf[:_LEN], dtype="<u8")[0])
+        if _LEN + h > len(buf):
+            raise ValueError(f"header length {h} exceeds the blob ({len(buf)} bytes)")
+        head = json.loads(bytes(buf[_LEN: _LEN + h]).decode())
+        if not isinstance(head, dict) or head.get("v") != WIRE_VERSION:
+            raise ValueError(f"not a version-{WIRE_VERSION} model blob")
+        root = WireGroup(filename=source)
+        end = _untree(head["t"], root, buf, _LEN + h)
+        if end != len(buf):
+            raise ValueError(f"{len(buf) - end} trailing bytes after the last dataset")
+    except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError) as e:
+        raise UserError(f"{source}: malformed model blob ({e})") from None
+    wm = WireModel(root, head.get("p", -1))
+    return wm if lazy else wm.materialize()
 
 
 def _register_federated_models() -> None:

@@ -117,9 +117,12 @@ class SamplerCalibration:
     Attributes:
         order: feature indices in sampling order (BFS over the graph).
         affine: ``(d, 2)`` ``(a, b)``; a real feature's conditional mean in standardised units is
-            ``a + b * prediction``; ``(0, 1)`` for categoricals and component roots.
+            ``a + b * prediction``; for a categorical ``b`` is the temperature multiplying its
+            logits (``a`` unused); ``(0, 1)`` for component roots.
         resid_std: ``(d,)`` residual std in standardised units (reals), 0 for categoricals.
         infer_steps, infer_lr, infer_consistency: the inference settings calibrated for.
+        logit_bias: ``(n_units,)`` per-class biases added to the tempered logits of the
+            categoricals when sampling (0 on real units); None = none.
     """
 
     order: list[int]
@@ -128,6 +131,7 @@ class SamplerCalibration:
     infer_steps: int = 30
     infer_lr: float = 0.1
     infer_consistency: float = 1.0
+    logit_bias: np.ndarray | None = None
 
 
 @dataclass
@@ -300,6 +304,8 @@ class NGM:
             meta["infer"] = [int(c.infer_steps), float(c.infer_lr), float(c.infer_consistency)]
             arrays["affine"] = self.calibration.affine.copy()
             arrays["resid_std"] = self.calibration.resid_std.copy()
+            if c.logit_bias is not None:
+                arrays["logit_bias"] = np.asarray(c.logit_bias, dtype=np.float64).copy()
         return meta, arrays
 
     @staticmethod
@@ -327,7 +333,9 @@ class NGM:
                 steps, lr, cons = meta.get("infer", [30, 0.1, 1.0])
                 model.calibration = SamplerCalibration(list(meta["order"]), np.asarray(arrays["affine"]).copy(),
                                                        np.asarray(arrays["resid_std"]).copy(), int(steps),
-                                                       float(lr), float(cons))
+                                                       float(lr), float(cons),
+                                                       np.asarray(arrays["logit_bias"]).copy()
+                                                       if "logit_bias" in arrays else None)
         except KeyError as e:
             raise UserError(f"NGM payload: missing entry {e}") from None
         return model

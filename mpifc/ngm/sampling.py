@@ -11,6 +11,13 @@ training): conditioning on a *subset* of the features, the input-optimisation me
 regressor and the full-conditional residual understates the spread. For each real feature we fit,
 in the sampling order, ``x ~ a + b * prediction`` and the residual std, which makes the sampled
 marginal variances match the data's instead of shrinking along the order.
+
+Each categorical gets the same treatment: a temperature ``t`` and per-class biases ``c`` with
+``p ~ softmax(t * logits + c)``, fitted by (lightly ridge-penalised) maximum likelihood on the
+same partial-evidence conditionals. Without it an under-trained client NGM, whose softmax heads
+are still nearly flat (but rank correctly), samples categoricals close to uniform and almost
+independent of the evidence: a binary target then carries no dependence in the master's samples
+and the global NGM fitted to them predicts it with an arbitrary sign (AUC far below 0.5 was seen).
 """
 from __future__ import annotations
 
@@ -54,7 +61,8 @@ def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000,
     is_root = _roots(model, order)
     affine = np.tile([0.0, 1.0], (d, 1))
     resid = np.zeros(d)
-    targets = [(p, j) for p, j in enumerate(order) if not is_root[j] and not model.schema.features[j].is_categorical]
+    logit_bias = np.zeros(model.schema.n_units)
+    targets = [(p, j) for p, j in enumerate(order) if not is_root[j]]
     if targets:
         blocks = []
         for p, _ in targets:
@@ -65,6 +73,10 @@ def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000,
         slices = model.schema.unit_slices()
         m = rows.shape[0]
         for b, (_, j) in enumerate(targets):
+            if model.schema.features[j].is_categorical:
+                sl = slices[j]
+                affine[j, 1], logit_bias[sl] = fit_temperature(out[b * m:(b + 1) * m, sl], rows[:, j])
+                continue
             pred = out[b * m:(b + 1) * m, slices[j].start]
             y = (rows[:, j] - model.mean[j]) / model.std[j]
             design = np.stack([np.ones(m), pred], axis=1)
@@ -74,7 +86,44 @@ def calibrate_sampler(model: NGM, x: np.ndarray, max_rows: int = 1000,
     for j, f in enumerate(model.schema.features):
         if is_root[j] and not f.is_categorical:
             resid[j] = 1.0  # unused: roots come from the marginal quantiles
-    return SamplerCalibration(order, affine, resid, settings.steps, settings.lr, settings.consistency)
+    return SamplerCalibration(order, affine, resid, settings.steps, settings.lr, settings.consistency, logit_bias)
+
+
+def fit_temperature(logits: np.ndarray, y: np.ndarray, ridge: float = 1.0,
+                    iters: int = 50) -> tuple[float, np.ndarray]:
+    """``(t, c)`` maximising the likelihood of labels ``y`` under ``softmax(t * logits + c)``.
+
+    Args:
+        logits: ``(m, k)`` a categorical's logits for ``m`` rows.
+        y: ``(m,)`` its observed codes.
+        ridge: a ``N(0, 1 / ridge)`` prior on each bias ``c``; keeps a class absent from the
+            rows at a finite (low) probability instead of exactly zero.
+        iters: L-BFGS iterations.
+
+    Returns:
+        The temperature (any sign: fitted on the client's own data, a negative value would undo
+        a head that ranks backwards) and the ``(k,)`` biases.
+    """
+    z = torch.as_tensor(np.asarray(logits, dtype=np.float64))
+    z = z - z.mean(dim=1, keepdim=True)
+    lab = torch.as_tensor(np.asarray(y).astype(np.int64))
+    m, k = z.shape
+    t = torch.ones((), dtype=torch.float64, requires_grad=True)
+    c = torch.zeros(k, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([t, c], max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(t * z + c, lab, reduction="sum") + 0.5 * ridge * (c ** 2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    tv, cv = float(t.detach()), c.detach().numpy().copy()
+    if not (np.isfinite(tv) and np.isfinite(cv).all()):
+        return 1.0, np.zeros(k)
+    # The centring is a per-row constant: softmax(t * (l - mean l) + c) == softmax(t * l + c).
+    return tv, cv
 
 
 def _from_quantiles(q: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -116,7 +165,10 @@ def sample(model: NGM, n: int, rng: np.random.Generator, settings: InferenceSett
             continue
         out = infer_outputs(model, x, settings)[:, slices[j]]
         if f.is_categorical:
-            p = torch.softmax(out, dim=1).numpy().astype(np.float64)
+            logits = cal.affine[j, 1] * out.numpy().astype(np.float64)
+            if cal.logit_bias is not None:
+                logits = logits + cal.logit_bias[slices[j]]
+            p = np.exp(logits - logits.max(axis=1, keepdims=True))
             cum = np.cumsum(p, axis=1)
             u = rng.random(n)[:, None] * cum[:, -1:]
             x[:, j] = np.minimum((u > cum).sum(axis=1), f.n_categories - 1)

@@ -73,8 +73,10 @@ def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | N
         config: settings.
         public: optional ``(m, d)`` public rows for the extra fit term of eq. 3.
         penalty: the graph penalty; default ``model.path_norm``.
-        set_statistics: recompute standardisation and marginals from ``x`` (a stitched model
-            keeps the global ones for the frozen features, so it passes False).
+        set_statistics: recompute standardisation and marginals from ``x`` and start the
+            categorical output biases at the (centred) log marginals, so that even a model
+            trained for a few steps predicts each categorical's frequencies rather than a flat
+            softmax (a stitched model keeps the global statistics and weights, so it passes False).
 
     Returns:
         Mean training loss per epoch.
@@ -89,6 +91,7 @@ def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | N
             public = None
     if set_statistics:
         model.set_statistics(x)
+        _init_output_bias(model)
     penalty = penalty or model.path_norm
     u, t = _targets(model, x)
     pub = _targets(model, public) if public is not None else None
@@ -130,6 +133,18 @@ def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | N
     if config.calib_rows > 0:
         model.calibration = calibrate_sampler(model, x, config.calib_rows, config.inference, seed=config.seed)
     return history
+
+
+def _init_output_bias(model: NGM) -> None:
+    """Categorical output biases := centred log marginals (a plain last layer only)."""
+    last = model.net.layers[-1]
+    if last.frozen_b.shape[0] != 0:
+        return
+    with torch.no_grad():
+        for j, (f, sl) in enumerate(zip(model.schema.features, model.schema.unit_slices())):
+            if f.is_categorical and len(model.marginals[j]) == f.n_categories:
+                lp = np.log(np.maximum(model.marginals[j], 1e-3))
+                last.b_bottom[sl] = torch.as_tensor(lp - lp.mean(), dtype=DTYPE)
 
 
 def fit_ngm(x: np.ndarray, schema: Schema, graph: DependencyGraph, hidden: Sequence[int] = (32, 32),

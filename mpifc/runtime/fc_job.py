@@ -59,7 +59,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assign", default="flat", choices=ASSIGN_STRATEGIES, help="ψ strategy")
     p.add_argument("--servers", type=int, default=0, help="intermediate server ranks for --assign tree")
     p.add_argument("--refine", default="none", choices=("none", "em"),
-                   help="em: exact distributed EM after one-pass training (vertical data, --assign flat)")
+                   help="em: exact distributed EM after one-pass training (vertical: per-sample flows, "
+                        "--assign flat; horizontal/hybrid: pooled E-step statistics)")
     p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
@@ -130,11 +131,20 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evidence", default="auto", choices=("auto", "querier", "local"),
                    help="who supplies the test rows: auto = each client for vertical data, else the querier")
     p.add_argument("--batch", type=int, default=10_000, help="samples per upward pass")
+    p.add_argument("--query-rows", type=int, default=None,
+                   help="repeat the test rows to this many queries (throughput runs; metrics then "
+                        "average over the repeated rows)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")
     p.add_argument("--deadline", type=float, default=300.0)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     p.add_argument("--json", action="store_true", help="print metrics as JSON on rank 0")
+    p.add_argument("--query", default="ll", choices=("ll", "mpe", "sample"),
+                   help="ll: log-likelihood/conditionals (default); mpe: most probable completion of the "
+                        "test rows with the target blanked; sample: --n-samples unconditional samples")
+    p.add_argument("--n-samples", type=int, default=1000, help="samples drawn by --query sample")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of --query sample (per-node streams)")
+    p.add_argument("--out", default=None, help="HDF5 file for the MPE completions or samples (dataset x)")
     add_ngm_evaluate_arguments(p)
 
 
@@ -163,11 +173,16 @@ def evaluate_main(args: argparse.Namespace) -> int:
         return ngm_evaluate_main(args)
     if args.batch < 1:
         raise UserError(f"--batch must be >= 1, got {args.batch}")
+    if args.query_rows is not None and args.query_rows < 1:
+        raise UserError(f"--query-rows must be >= 1, got {args.query_rows}")
     fc = load_fc(args.model, load_models=False)
     need = max(fc.ranks()) + 1 if args.distributed else 1
     cfg = {"dir": str(args.dir), "model": str(args.model), "distributed": bool(args.distributed),
            "evidence": args.evidence, "batch": args.batch, "output_npz": args.output_npz,
-           "audit": args.audit}
+           "audit": args.audit, "query_rows": args.query_rows, "query": args.query, "n_samples": args.n_samples, "seed": args.sample_seed,
+           "out": args.out}
+    if args.query == "sample" and args.n_samples < 1:
+        raise UserError(f"--n-samples must be >= 1, got {args.n_samples}")
 
     def on_ledger(table: Any) -> None:
         result = cfg.get("_result") or {}

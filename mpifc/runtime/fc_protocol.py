@@ -31,7 +31,31 @@ EM_STRUCTURE = register_kind("fc.em.structure", "model_parameters",
                              "server -> client: the assembled FC without leaf models (for exact EM)")
 FLOWS = register_kind("fc.em.flows", "flow", "parent rank -> child rank: per-sample flows of crossing nodes")
 EM_STATS = register_kind("fc.em.stats", "flow", "client -> server: summed sum-node edge flows (EM statistics)")
+# Exact EM for horizontal and hybrid data (pooled statistics, mpifc.runtime.fc_em): only
+# parameters and per-component sums over a client's rows leave it, never per-sample values.
+EM_PARAMS = register_kind("fc.em.params", "model_parameters",
+                          "server -> client (horizontal/hybrid EM): the whole FC with every leaf PC (HDF5 bytes)")
+EM_SUM_STATS = register_kind("fc.em.sum_stats", "flow",
+                             "client -> server (horizontal/hybrid EM): float64 (sum edges + 2,): expected "
+                             "counts of every sum edge summed over the client's rows, then [sum log p(row), n_rows]")
+EM_LEAF_STATS = register_kind("fc.em.leaf_stats", "flow",
+                              "client -> owner client (horizontal/hybrid EM): float64, per leaf of the owner "
+                              "(ascending id) the leaf learner's addable E-step statistics summed over the "
+                              "sender's rows (flow-weighted counts, sums, squares, internal edge counts)")
+EM_LEAF = register_kind("fc.em.leaf", "model_parameters",
+                        "owner client -> server (horizontal/hybrid EM): one leaf PC after its M-step (HDF5 bytes)")
+# Distributed MPE and sampling (mpifc.runtime.fc_mpe).
+MAX_VALUES = register_kind("fc.query.max_values", "likelihood_vector",
+                           "rank -> parent rank (MPE): per-sample max-product log-values of crossing nodes, "
+                           "float64 (nodes * batch,)")
+DECISIONS = register_kind("fc.query.decisions", "flow",
+                          "parent rank -> child rank (MPE, sampling): per sample, whether each crossing node is "
+                          "in the sample's induced tree (arg-max / sampled sum choices), uint8 (nodes * batch,)")
+ANSWER = register_kind("fc.query.answer", "query_answer",
+                       "client -> querier (MPE, sampling): the client's features of the answer, float64 "
+                       "(batch, d_i); for MPE only entries missing from its evidence (observed ones NaN)")
 
 CLIENT_ALLOWED = frozenset({"feature_declaration", "count", "model_parameters", "likelihood_vector",
-                            "flow", "cluster_ids", "timing"})
-"""Payload classes a client rank may send in an FC job (cluster_ids only with cooccurrence)."""
+                            "flow", "cluster_ids", "timing", "query_answer"})
+"""Payload classes a client rank may send in an FC job (cluster_ids only with cooccurrence;
+query_answer only to the querier, answering its own MPE or sampling query)."""

@@ -11,15 +11,26 @@ Protocol (all messages to or from rank 0, phases as named in the ledger):
 * ``learn``: clients cluster and fit their PCs locally, then send ``fc.train.counts`` (and,
   with ``--glue cooccurrence``, ``fc.train.cluster_ids``). The server assembles the FC and infers
   every weight from the counts (lines 8-22), then applies ψ and validates it.
-* ``gather``: clients send each PC as HDF5 bytes (``fc.train.model``) and their timings; the
-  server writes ONE model file atomically and tells everyone it is done.
+* ``gather``: clients send each PC in the compact wire format (``fc.train.model``,
+  :func:`~mpifc.federated.serialize.model_to_bytes`) and their timings; the server keeps them
+  decoded but not rebuilt (:class:`~mpifc.federated.serialize.WireModel`: it never evaluates a
+  leaf), writes ONE model file atomically and tells everyone it is done.
+
+Timing: every figure is busy time of a phase, measured as this process's CPU seconds
+(``time.process_time``, all threads; OMP_NUM_THREADS=1 keeps native libraries single-threaded),
+so ranks sharing cores (oversubscribed MPI, other jobs) are not charged for waiting for a core,
+and waiting for messages is excluded. Imports happen before the clocks start (:func:`warm_up`).
+Client phases: ``read`` (own shard), ``learn`` (k-means and PC fitting), ``serialize``, ``em``;
+server: ``plan``, ``assemble``, ``deserialize`` (blob decoding), ``em``. The model file write is
+in neither figure. Wall-clock seconds of the same phases are reported beside them (``*_wall``).
 """
 from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -71,11 +82,11 @@ _LEARNER_MODULES = {"learnspn": ("torch", "mpifc.circuit.learnspn"), "ratspn": (
                     "einet": ("torch", "mpifc.circuit.einet"), "dt": ("sklearn.tree",), "factorized": ()}
 
 
-def warm_up(learners: set[str], cluster: bool = True) -> None:
+def warm_up(learners: set[str], cluster: bool = True, fit: bool = False) -> None:
     """Import the heavy modules this rank will use before any timer starts: import time is not
     training time. Modules the rank does not need are not imported at all (each costs seconds
     of start-up): ``cluster`` (k-means, sklearn) only where rows are clustered, torch only for
-    learners built on it.
+    learners built on it. ``fit``: also :func:`warm_up_fit` (client ranks, which fit).
     """
     import importlib
 
@@ -90,42 +101,82 @@ def warm_up(learners: set[str], cluster: bool = True) -> None:
             importlib.import_module(mod)
         except ImportError:
             pass  # the learner call itself reports a missing module clearly
+    if fit:
+        warm_up_fit(learners)
+
+
+# Learners whose first call pays one-off start-up costs worth paying before the clock.
+_WARM_FIT = {"learnspn": {"threshold": 0.3, "min_instances_slice": 16}}
+
+
+def warm_up_fit(learners: set[str]) -> None:
+    """Fit each learner once on a tiny synthetic table (no client data): the first LearnSPN
+    call in a process pays one-off costs (thread-pool introspection, scikit-learn and SciPy
+    first-call set-up, lazily imported submodules) of ~0.1 s that do not depend on the data.
+    The centralized reference of ``launch/bench/fedpc.py`` is warmed the same way."""
+    from mpifc.federated.learners import fit_leaf
+
+    rng = np.random.default_rng(0)
+    x = np.column_stack([rng.normal(size=64), rng.normal(size=64), rng.integers(0, 2, 64), rng.integers(0, 3, 64)])
+    x[:, 1] += x[:, 0]
+    for name in sorted(set(learners) & set(_WARM_FIT)):
+        try:
+            fit_leaf(name, x, ["real", "real", "discrete", "categorical"], 0, n_categories=[0, 0, 2, 3],
+                     **_WARM_FIT[name])
+        except Exception:  # noqa: BLE001 - warm-up is best effort; the real call reports errors
+            pass
 
 
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     t = ctx.transport
     times = dict.fromkeys(CLIENT_PHASES, 0.0)
+    walls = dict.fromkeys(CLIENT_PHASES, 0.0)
     ctx.ledger.set_phase("declare")
-    t0 = time.perf_counter()
-    data = read_client_data(cfg["dir"], index)
-    times["read"] = time.perf_counter() - t0
+    with _clock(times, walls, "read"):
+        data = read_client_data(cfg["dir"], index)
     d = data.declaration
     t.send_obj({"index": d.index, "features": list(d.features), "meta_types": list(d.meta_types),
                 "n_categories": list(d.n_categories), "n_rows": d.n_rows, "ids_digest": d.ids_digest},
                0, P.DECLARE)
     plan: FederationPlan = t.recv_obj(0, P.PLAN)
     # After the plan: bad input is caught before anyone pays for the heavy imports.
-    warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks))
+    warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks),
+            fit=True)
     ctx.ledger.set_phase("learn")
-    t0 = time.perf_counter()
-    report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
-    times["learn"] = time.perf_counter() - t0
+    with _clock(times, walls, "learn"):
+        report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
     t.send(report.counts(), 0, P.COUNTS)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks):
         t.send(report.cluster_ids.astype(np.int64), 0, P.CLUSTER_IDS)
     ctx.ledger.set_phase("gather")
-    t0 = time.perf_counter()
-    blobs = [model_to_bytes(leaf.model) for leaf in report.leaves]
-    times["serialize"] = time.perf_counter() - t0
+    with _clock(times, walls, "serialize"):
+        blobs = [model_to_bytes(leaf.model) for leaf in report.leaves]
     for b in blobs:
         t.send(b, 0, P.MODEL)
     if cfg.get("refine") == "em":
         ctx.ledger.set_phase("em")
-        t0 = time.perf_counter()
-        _client_em(ctx, cfg, index, data, report)
-        times["em"] = time.perf_counter() - t0
-    t.send(np.array([times.get(p, 0.0) for p in CLIENT_PHASES]), 0, P.TIMING)
+        with _clock(times, walls, "em"):
+            if plan.setting == "vertical":
+                _client_em(ctx, cfg, index, data, report)
+            else:  # horizontal / hybrid: pooled E-step statistics (mpifc.runtime.fc_em)
+                from mpifc.runtime.fc_em import pooled_client_em
+
+                pooled_client_em(ctx, cfg, index, data)
+    t.send(np.array([times.get(p, 0.0) for p in CLIENT_PHASES] + [walls.get(p, 0.0) for p in CLIENT_PHASES]),
+           0, P.TIMING)
     t.recv_obj(0, P.DONE)
+
+
+@contextmanager
+def _clock(cpu: dict[str, float], wall: dict[str, float], phase: str) -> Iterator[None]:
+    """Add the block's CPU seconds (this process, all threads) to ``cpu[phase]`` and its
+    wall-clock seconds to ``wall[phase]``."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    try:
+        yield
+    finally:
+        cpu[phase] = cpu.get(phase, 0.0) + time.process_time() - c0
+        wall[phase] = wall.get(phase, 0.0) + time.perf_counter() - w0
 
 
 def _client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, report: ClientReport) -> None:
@@ -154,6 +205,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             ) -> dict[str, Any]:
     t = ctx.transport
     busy: dict[str, float] = {}
+    walls: dict[str, float] = {}
     ctx.ledger.set_phase("declare")
     decls = []
     for c in sorted(ranks):
@@ -163,11 +215,10 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         decls.append(ClientDeclaration(c, tuple(raw["features"]), tuple(raw["meta_types"]),
                                        tuple(int(k) for k in raw["n_categories"]), int(raw["n_rows"]),
                                        str(raw["ids_digest"])))
-    t0 = time.perf_counter()
-    builder = builder_from_config(cfg)
-    plan = builder.plan(decls, manifest.feature_order, manifest.target, manifest.setting)
-    busy["plan"] = time.perf_counter() - t0
-    if cfg.get("refine") == "em":
+    with _clock(busy, walls, "plan"):
+        builder = builder_from_config(cfg)
+        plan = builder.plan(decls, manifest.feature_order, manifest.target, manifest.setting)
+    if cfg.get("refine") == "em" and manifest.setting == "vertical":
         if cfg["assign"] != "flat":
             raise UserError("--refine em supports --assign flat only")
         digests = {d.ids_digest for d in decls}
@@ -186,35 +237,43 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks_for(c)):
             ids = t.recv(ranks[c], P.CLUSTER_IDS)
         reports.append(ClientReport.from_counts(c, counts, plan, ids))
-    t0 = time.perf_counter()
-    fc = builder.assemble(plan, reports, ranks)
-    assign(fc, cfg["assign"], n_servers)
-    busy["assemble"] = time.perf_counter() - t0
+    with _clock(busy, walls, "assemble"):
+        fc = builder.assemble(plan, reports, ranks)
+        assign(fc, cfg["assign"], n_servers)
     ctx.ledger.set_phase("gather")
     client_times = {}
-    t_des = 0.0
+    busy["deserialize"] = walls["deserialize"] = 0.0
     for rep in reports:
         c = rep.client
         models = {}
         for leaf in rep.leaves:
             blob = t.recv(ranks[c], P.MODEL)
-            t0 = time.perf_counter()
-            models[(c, leaf.subspace, leaf.cluster)] = model_from_bytes(blob)
-            t_des += time.perf_counter() - t0
+            with _clock(busy, walls, "deserialize"):
+                models[(c, leaf.subspace, leaf.cluster)] = model_from_bytes(
+                    blob, lazy=True, source=f"client {c} (rank {ranks[c]})")
         insert_models(fc, models)
-    busy["deserialize"] = t_des
     fc.validate(require_models=True)
     em_trace: list[float] = []
     if cfg.get("refine") == "em":
+        from mpifc.federated.em import check_em_supported
+
+        check_em_supported(fc)  # e.g. FC[DT]: a clear error before any file or EM message
         if cfg.get("em_initial_model"):
             save_fc(fc, cfg["em_initial_model"])
         ctx.ledger.set_phase("em")
-        t0 = time.perf_counter()
-        em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
-        busy["em"] = time.perf_counter() - t0
+        with _clock(busy, walls, "em"):
+            if manifest.setting == "vertical":
+                em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
+            else:  # horizontal / hybrid: pooled E-step statistics (mpifc.runtime.fc_em)
+                from mpifc.runtime.fc_em import pooled_server_em
+
+                em_trace = pooled_server_em(ctx, cfg, fc, ranks)
         fc.validate(require_models=True)
+    client_walls = {}
     for c in sorted(ranks):
-        client_times[c] = dict(zip(CLIENT_PHASES, t.recv(ranks[c], P.TIMING).tolist()))
+        got = t.recv(ranks[c], P.TIMING).tolist()
+        client_times[c] = dict(zip(CLIENT_PHASES, got[:len(CLIENT_PHASES)]))
+        client_walls[c] = dict(zip(CLIENT_PHASES, got[len(CLIENT_PHASES):]))
     rows = ctx.ledger.rows
     sent = ctx.ledger.sent
     bytes_train = int(rows["payload_bytes"].sum() + rows["header_bytes"].sum() + sent[:, 1].sum() + sent[:, 2].sum())
@@ -230,11 +289,15 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         "bytes_train": bytes_train, "messages_train": messages,
         "em_train_ll": em_trace,
         "ranks": ctx.size,
-        # Busy seconds only (waiting excluded); the file write is left out of both figures.
+        # Busy CPU seconds only (waiting excluded; module doc); the file write is in neither.
         "train_seconds_critical_path": max(client_busy.values()) + server_busy,
         "train_seconds_total": sum(client_busy.values()) + server_busy,
         "client_seconds": {str(c): v for c, v in client_times.items()},
         "server_seconds": dict(busy),
+        "train_wall_seconds_critical_path": max(sum(v.values()) for v in client_walls.values())
+        + sum(walls.values()),
+        "client_seconds_wall": {str(c): v for c, v in client_walls.items()},
+        "server_seconds_wall": dict(walls),
     }
     fc.meta.update(train=summary)
     save_fc(fc, cfg["model"])
@@ -264,6 +327,7 @@ def _server_em(ctx: Any, cfg: dict[str, Any], fc: Any, ranks: dict[int, int], re
     models = {}
     for rep in reports:
         for leaf in rep.leaves:
-            models[(rep.client, leaf.subspace, leaf.cluster)] = model_from_bytes(t.recv(ranks[rep.client], P.MODEL))
+            models[(rep.client, leaf.subspace, leaf.cluster)] = model_from_bytes(
+                t.recv(ranks[rep.client], P.MODEL), lazy=True, source=f"client {rep.client} (rank {ranks[rep.client]})")
     insert_models(fc, models)
     return trace

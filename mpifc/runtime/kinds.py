@@ -28,6 +28,7 @@ PAYLOAD_CLASSES: tuple[str, ...] = (
     "ledger",               # communication-ledger rows
     "activation",           # per-sample cut-layer activations or logits (SplitNN forward)
     "gradient",             # per-sample gradients w.r.t. those activations (SplitNN backward)
+    "query_answer",         # a client's part of the answer to the querier's own MPE/sampling query
 )
 
 # 15 bits keep every tag within the MPI standard's guaranteed minimum MPI_TAG_UB (32767).

@@ -12,13 +12,14 @@ Clocks are ``time.time()`` (seconds since the epoch): on one node every rank rea
 across nodes they agree only as far as NTP keeps them, so ``t_recv - t_send`` is exact on one node
 and approximate across nodes.
 
-Rows live in a preallocated numpy structured array that grows by doubling: recording a message
-costs one row assignment, no Python object per message.
+Rows live in a preallocated buffer that grows by doubling, viewed as a numpy structured array:
+recording a message is one ``struct.pack_into`` into that buffer, no Python object per message.
 """
 from __future__ import annotations
 
 import csv
 import io
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ ROW_DTYPE = np.dtype([
     ("t_recv", np.float64),        # receiver's time.time() when the message was complete, s
 ])
 
+# The same layout as ROW_DTYPE (packed, little-endian fields as on the hosts mpifc runs on):
+# record() writes a row with one pack_into.
+_ROW_STRUCT = struct.Struct("=HHiiqqidd")
+_ROW_BYTES = _ROW_STRUCT.size
+if _ROW_BYTES != ROW_DTYPE.itemsize:  # pragma: no cover - a platform with other alignment rules
+    raise ImportError(f"ledger row struct is {_ROW_BYTES} bytes, ROW_DTYPE {ROW_DTYPE.itemsize}")
+
 CSV_COLUMNS = ("phase", "kind", "payload_class", "src", "dst", "payload_bytes", "header_bytes",
                "total_bytes", "n_mpi_messages", "t_send", "t_recv", "latency_s")
 
@@ -56,8 +64,11 @@ class CommLedger:
     def __init__(self, rank: int, size: int, capacity: int = 1024) -> None:
         self.rank = rank
         self.size = size
-        self._rows = np.zeros(max(capacity, 1), dtype=ROW_DTYPE)
+        self._buf = bytearray(max(capacity, 1) * _ROW_BYTES)
+        self._rows = np.frombuffer(self._buf, dtype=ROW_DTYPE)
+        self._capacity = len(self._rows)
         self._n = 0
+        self._pack = _ROW_STRUCT.pack_into
         self._phases: list[str] = ["default"]
         self._phase_index: dict[str, int] = {"default": 0}
         self.phase_id = 0
@@ -91,13 +102,20 @@ class CommLedger:
     def record(self, kind_id: int, src: int, payload_bytes: int, header_bytes: int,
                n_mpi_messages: int, t_send: float, t_recv: float) -> None:
         """Append one received message (this rank is the destination)."""
-        if self._n == len(self._rows):
-            grown = np.zeros(2 * len(self._rows), dtype=ROW_DTYPE)
-            grown[: self._n] = self._rows
-            self._rows = grown
-        self._rows[self._n] = (self.phase_id, kind_id, src, self.rank, payload_bytes, header_bytes,
-                               n_mpi_messages, t_send, t_recv)
-        self._n += 1
+        n = self._n
+        if n == self._capacity:
+            self._grow()
+        self._pack(self._buf, n * _ROW_BYTES, self.phase_id, kind_id, src, self.rank, payload_bytes, header_bytes,
+                   n_mpi_messages, t_send, t_recv)
+        self._n = n + 1
+
+    def _grow(self) -> None:
+        # A new buffer (the old one may be exported to views of rows handed out earlier).
+        buf = bytearray(2 * len(self._buf))
+        buf[: len(self._buf)] = self._buf
+        self._buf = buf
+        self._rows = np.frombuffer(buf, dtype=ROW_DTYPE)
+        self._capacity = len(self._rows)
 
     def count_sent(self, dst: int, payload_bytes: int, header_bytes: int) -> None:
         """Count one message this rank sent to ``dst``."""

@@ -54,8 +54,16 @@ class DeadlineExceeded(RuntimeError):
     brief = True  # an expected failure mode: reported in one line, without traceback
 
 
-def _now() -> float:
-    return time.time()
+_now = time.time          # ledger clock (see mpifc.runtime.ledger); a plain alias: hot path
+_perf = time.perf_counter
+_HEADER_STRUCTS = wire.HEADER_STRUCTS
+_DTYPE_CODES = wire.DTYPE_CODES
+_CODE_DTYPES = wire.CODE_DTYPES
+_HEADER_FIXED = wire.HEADER_FIXED
+_MAX_NDIM = wire.MAX_NDIM
+_INLINE = wire.FLAG_INLINE
+_BYTE = MPI.BYTE
+_INF = float("inf")
 
 
 def _is_torch(x: Any) -> bool:
@@ -166,6 +174,7 @@ class Transport:
         if tag_ub is not None and tag_ub < (1 << 15) - 1:
             raise RuntimeError(f"this MPI's MPI_TAG_UB is {tag_ub}, below the standard's 32767")
         self._status = MPI.Status()
+        self._pstatus = MPI.Status()  # of a single-chunk payload receive
         # Blocking waits happen inside MPI, guarded by the watchdog thread (needs THREAD_MULTIPLE);
         # otherwise they fall back to polling from Python.
         self._guard = new_guard(self.rank) if MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
@@ -176,6 +185,8 @@ class Transport:
         # the same inline_max, since a longer header message would not fit.
         self._hbuf = bytearray(wire.header_size(wire.MAX_NDIM) + self.inline_max)
         self._sbuf = bytearray(len(self._hbuf))  # blocking small sends pack here
+        self._smv = memoryview(self._sbuf)
+        self._hmv = memoryview(self._hbuf)
         self.pool = RecvBufferPool()  # big receives reuse buffers their arrays no longer hold
         self._to_self: list[PendingSend] = []   # sends to this rank, kept alive until received
         # Messages per (peer, kind id), both directions: lets an actor's shutdown say how many
@@ -194,22 +205,29 @@ class Transport:
             self._complete_send(self.isend(x, dest, kind))
             return
         k = kind if type(kind) is MessageKind else as_kind(kind)
-        arr, code, flags = to_wire_array(x)
+        if type(x) is np.ndarray and x.flags.c_contiguous and x.ndim <= _MAX_NDIM:
+            arr, code, flags = x, _DTYPE_CODES.get(x.dtype), 0
+            if code is None:
+                arr, code, flags = to_wire_array(x)
+        else:
+            arr, code, flags = to_wire_array(x)
         nbytes = arr.nbytes
         if self.send_hooks:
             for hook in self.send_hooks:
                 hook(k, dest, arr, False)
-        if nbytes > self.inline_max or dest == self.rank:
+        if nbytes > self.inline_max or dest == self.rank or not 0 <= dest < self.size:
             self._complete_send(self._isend_array(arr, code, flags, dest, k, hooked=True))
             return
-        # Small message, the hot path: one MPI message from a reusable buffer (safe because we
-        # wait for completion before returning), no bookkeeping objects.
-        self._check_peer(dest, "send to")
-        buf = self._sbuf
-        hlen = wire.pack_header(buf, code, arr.shape, flags | wire.FLAG_INLINE, k.kind_id, 0, _now(), nbytes)
+        # Small message, the hot path: header and payload in one MPI message from a reusable
+        # buffer (safe: we wait for completion before returning), no bookkeeping objects, and
+        # everything but packing done after the message is on its way.
+        ndim = arr.ndim
+        hlen = _HEADER_FIXED + 8 * ndim
+        _HEADER_STRUCTS[ndim].pack_into(self._sbuf, 0, wire.MAGIC, wire.VERSION, code, ndim, flags | _INLINE, 0,
+                                        k.kind_id, 0, 0, _now(), nbytes, *arr.shape)
         if nbytes:
-            buf[hlen: hlen + nbytes] = _byte_view(arr)
-        req = self.comm.Isend([buf, hlen + nbytes, MPI.BYTE], dest, k.tag)
+            self._smv[hlen: hlen + nbytes] = memoryview(arr).cast("B")
+        req = self.comm.Isend([self._sbuf, hlen + nbytes, _BYTE], dest, k.kind_id)
         self._count_send(dest, k.kind_id, nbytes, hlen)
         if not req.Test():
             self._wait_requests([req], nbytes, lambda: f"rank {dest} to receive a {k.name!r} message "
@@ -291,9 +309,11 @@ class Transport:
             A writable numpy array with the sender's dtype and shape (``out`` itself if given;
             bfloat16 comes back as float32; use :meth:`recv_tensor` to keep it).
         """
-        k = as_kind(kind)
+        k = kind if type(kind) is MessageKind else as_kind(kind)
         value, flags = self._recv_posted(source, k, out)
-        return self._as_array(value, flags, k)
+        if flags & (wire.FLAG_PICKLE | wire.FLAG_BF16):
+            return self._as_array(value, flags, k)
+        return value
 
     def recv_tensor(self, source: int, kind: MessageKind | str, device: Any = None) -> Any:
         """Receive the next ``kind`` array from ``source`` as a torch tensor on ``device``."""
@@ -415,30 +435,50 @@ class Transport:
     def _recv_posted(self, source: int, kind: MessageKind, out: np.ndarray | None,
                      want_source: bool = False) -> Any:
         """Receive one message with a posted ``Irecv`` of the header (the low-latency path)."""
-        if source != MPI.ANY_SOURCE:
+        if source != MPI.ANY_SOURCE and not 0 <= source < self.size:
             self._check_peer(source, "receive from")
         status = self._status
-        spec = [self._hbuf, len(self._hbuf), MPI.BYTE]
-        req = self.comm.Irecv(spec, source, kind.tag)
+        req = self.comm.Irecv([self._hbuf, len(self._hbuf), _BYTE], source, kind.kind_id)
         if not req.Test(status):
-            who = None if source == MPI.ANY_SOURCE else [source]
-            describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
-            t0 = time.perf_counter()
-            if self._guard is None or not self._block([req], [status], describe, soft_s=self.spin_s):
-                # Long wait (or no watchdog): poll from Python with sleeps, for the rest of the
-                # deadline. A cancelled receive is posted again; nothing was lost.
-                if self._guard is not None:
-                    req = self.comm.Irecv(spec, source, kind.tag)
-                left = self.deadline - (time.perf_counter() - t0)
-                spin = 0.0 if self._guard is not None else self.spin_s  # MPI's wait did the spinning
-                if not self._poll(lambda: req.Test(status), spin, deadline=left):
-                    req.Cancel()
-                    req.Wait(status)
-                    if status.Is_cancelled():
-                        raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
-        count, src = status.Get_count(MPI.BYTE), status.Get_source()
+            self._wait_header(req, source, kind)
+        count = status.Get_count(_BYTE)
+        src = status.Get_source() if source == MPI.ANY_SOURCE else source
         value, flags = self._take_payload(count, src, kind, out)
         return (value, flags, src) if want_source else (value, flags)
+
+    def _wait_header(self, req: MPI.Request, source: int, kind: MessageKind) -> None:
+        """Wait (deadline-bounded) until the posted header receive ``req`` completes into
+        ``self._status``; DeadlineExceeded when the deadline passes first."""
+        status = self._status
+        who = None if source == MPI.ANY_SOURCE else [source]
+        describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
+        t0 = _perf()
+        guard = self._guard
+        if guard is not None:
+            # Wait inside MPI with the watchdog armed: one attribute store, no thread wake-up.
+            state = [False, False]
+            guard.armed = ([req], t0 + self.spin_s, t0 + self.deadline, self.deadline, describe, state)
+            try:
+                req.Wait(status)
+            finally:
+                guard.armed = None
+            if not status.Is_cancelled():
+                return
+            if state[1]:
+                raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+            # Past the soft limit: the watchdog cancelled MPI's busy wait. Post the receive
+            # again (nothing was lost) and poll from Python with sleeps for the rest of the
+            # deadline (MPI's wait did the spinning).
+            req = self.comm.Irecv([self._hbuf, len(self._hbuf), _BYTE], source, kind.kind_id)
+            spin = 0.0
+        else:
+            spin = self.spin_s
+        left = self.deadline - (_perf() - t0)
+        if not self._poll(lambda: req.Test(status), spin, deadline=left):
+            req.Cancel()
+            req.Wait(status)
+            if status.Is_cancelled():
+                raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
 
     def _recv_probed(self, pairs: list[tuple[int, MessageKind]], describe: Callable[[], str]
                      ) -> tuple[int, MessageKind, np.ndarray, int]:
@@ -478,41 +518,48 @@ class Transport:
         if kind_id != kind.kind_id:
             raise wire.WireError(f"rank {self.rank}: header from rank {src} says kind id {kind_id}, "
                                  f"expected {kind.name!r} ({kind.kind_id})")
-        dtype = CODE_DTYPES_BF16.get(code) if flags & wire.FLAG_BF16 else wire.CODE_DTYPES.get(code)
+        dtype = CODE_DTYPES_BF16.get(code) if flags & wire.FLAG_BF16 else _CODE_DTYPES.get(code)
         if dtype is None:
             raise wire.WireError(f"rank {self.rank}: unknown dtype code {code} from rank {src}")
-        if out is not None:
-            if out.dtype != dtype or out.shape != shape or not out.flags.c_contiguous or not out.flags.writeable:
-                raise ValueError(f"rank {self.rank}: {kind.name!r} from rank {src} is {dtype}{list(shape)}; "
-                                 f"out= is {out.dtype}{list(out.shape)}"
-                                 f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
-            arr = out
-        if flags & wire.FLAG_INLINE:
-            if count - hlen != nbytes:
+        if out is not None and (out.dtype != dtype or out.shape != shape or not out.flags.c_contiguous
+                                or not out.flags.writeable):
+            raise ValueError(f"rank {self.rank}: {kind.name!r} from rank {src} is {dtype}{list(shape)}; "
+                             f"out= is {out.dtype}{list(out.shape)}"
+                             f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
+        if flags & _INLINE:
+            if count - hlen != nbytes or nbytes % dtype.itemsize:
                 raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: header says "
-                                     f"{nbytes} payload bytes, message carries {count - hlen}")
+                                     f"{nbytes} payload bytes of {dtype}, message carries {count - hlen}")
+            # The header buffer is reused by the next receive, so the payload is copied out: into
+            # out=, or into a new bytearray (one copy, no zero-fill) that the array then wraps.
             if out is None:
-                arr = np.empty(shape, dtype=dtype)
-            if nbytes:
-                # The header buffer is reused by the next receive, so the payload is copied out.
-                _byte_view(arr)[:] = memoryview(hbuf)[hlen:count]
+                arr = np.frombuffer(hbuf[hlen:count], dtype)
+                if len(shape) != 1:
+                    arr = arr.reshape(shape)
+            else:
+                arr = out
+                if nbytes:
+                    memoryview(out).cast("B")[:] = self._hmv[hlen:count]
             self.ledger.record(kind_id, src, nbytes, hlen, 1, t_send, _now())
             return arr, flags
-        if out is None:
-            arr = self.pool.empty(shape, dtype)
+        arr = self.pool.empty(shape, dtype) if out is None else out
         view = _byte_view(arr)
         if len(view) != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: shape {shape} of "
                                  f"{dtype} is not {nbytes} bytes")
-        reqs = []
-        for c in range(n_chunks):
-            lo = c * self.chunk_bytes
-            piece = view[lo: lo + self.chunk_bytes]
-            reqs.append(self.comm.Irecv([piece, len(piece), MPI.BYTE], src, kind.tag))
-        statuses = [MPI.Status() for _ in reqs]
+        comm, tag, chunk = self.comm, kind.kind_id, self.chunk_bytes
+        if n_chunks == 1:
+            reqs = [comm.Irecv([view, nbytes, _BYTE], src, tag)]
+            statuses = [self._pstatus]
+        else:
+            reqs = [comm.Irecv([view[c * chunk: (c + 1) * chunk], min(chunk, max(nbytes - c * chunk, 0)), _BYTE],
+                               src, tag) for c in range(n_chunks)]
+            statuses = [MPI.Status() for _ in reqs]
         self._block(reqs, statuses,
                     lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}")
-        got = sum(s.Get_count(MPI.BYTE) for s in statuses)
+        got = 0
+        for st in statuses:
+            got += st.Get_count(_BYTE)
         if got != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: received {got} payload "
                                  f"bytes, header announced {nbytes}")
@@ -524,34 +571,26 @@ class Transport:
         if not MPI.Request.Testall(reqs):
             self._block(reqs, [MPI.Status() for _ in reqs], describe)
 
-    def _block(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str],
-               soft_s: float | None = None) -> bool:
+    def _block(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str]) -> None:
         """Wait for all ``reqs`` (filling ``statuses``); DeadlineExceeded when the deadline passes.
 
         Waits inside MPI with the watchdog armed (see :mod:`mpifc.runtime.watchdog`); without
         MPI_THREAD_MULTIPLE it polls from Python instead and cancels at the deadline.
-
-        Returns:
-            True when done; False when ``soft_s`` passed first and the watchdog cancelled the
-            requests (only then: the caller goes on waiting in a gentler way).
         """
         guard = self._guard
         if guard is not None:
-            state = [False, False]
-            now = time.perf_counter()
-            soft_at = now + soft_s if soft_s is not None else float("inf")
-            guard.armed = (reqs, soft_at, now + self.deadline, self.deadline, describe, state)
+            now = _perf()
+            guard.armed = (reqs, _INF, now + self.deadline, self.deadline, describe, [False, False])
             try:
                 MPI.Request.Waitall(reqs, statuses)
             finally:
                 guard.armed = None
-            if any(st.Is_cancelled() for st in statuses):
-                if state[1] or soft_s is None:
+            for st in statuses:
+                if st.Is_cancelled():
                     raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
-                return False
-            return True
+            return
         if self._poll(lambda: MPI.Request.Testall(reqs, statuses), self.spin_s):
-            return True
+            return
         for r in reqs:
             try:
                 r.Cancel()
@@ -560,7 +599,6 @@ class Transport:
         # A request that completed while we cancelled is fine; anything else is the deadline.
         if not MPI.Request.Testall(reqs, statuses) or any(st.Is_cancelled() for st in statuses):
             raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
-        return True
 
     @staticmethod
     def _as_array(value: np.ndarray, flags: int, kind: MessageKind | str) -> np.ndarray:

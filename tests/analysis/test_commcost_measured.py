@@ -47,3 +47,26 @@ def test_splitnn_ledger_matches_closed_form_and_the_papers_form(shards):
     assert res["payload_bytes_train"] == exact
     assert within(res["bytes_train"], exact) and within(res["bytes_train"], paper)
     assert not within(res["bytes_train"], paper, tol=0.01)  # the label term is there, and visible
+
+
+@pytest.mark.parametrize("setting,glue", [("h2", "random"), ("v2", "cooccurrence")])
+def test_fedpc_ledger_matches_closed_form_with_m_as_sent(shards, setting, glue, tmp_path):
+    """Model + count (+ cluster id) payload from the ledger = sum of the PCs' array bytes + 24 B
+    per PC (+ 8 B per row) within 5%; headers and control messages are counted apart. The wire
+    format adds 8 B + a JSON header per PC (mpifc.federated.serialize), small beside the arrays."""
+    from mpifc.experiments.communication import fedpc_bytes
+
+    model, ledger = tmp_path / "m.h5", tmp_path / "ledger.csv"
+    r = run_mpi(3, ["-m", "mpifc.runtime.fc_job", "train", str(shards[setting]), "--learner", "learnspn",
+                    "--glue", glue, "--clusters", "2", "--min-instances-slice", "30", "--seed", "0",
+                    "--model", str(model), "--ledger", str(ledger), "--json"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json_line(r.stdout)
+    b = fedpc_bytes(shards[setting], model, ledger, glue, "horizontal" if setting == "h2" else "vertical", 2,
+                    int(res["n_parameters"]))
+    assert b["n_pcs"] == (2 if setting == "h2" else 4)
+    assert b["measured_total_bytes"] == b["measured_bytes"] + b["header_bytes"] + b["control_bytes"]
+    assert b["measured_bytes"] >= b["formula_bytes"]  # the arrays are all there; a format adds, never saves
+    # nothing travels but the arrays, the counts and the wire format's per-PC header
+    assert b["format_bytes"] == b["wire_header_bytes"] > 0
+    assert within(b["measured_bytes"], b["formula_bytes"]), b

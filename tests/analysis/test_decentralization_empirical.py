@@ -28,10 +28,18 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+QUICK = exp.EmpiricalCase("breast-cancer", 2, 300)
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    # Four real MPI jobs (FedPC train + distributed evaluate, the CL/DI pack, the DL agents).
     out = tmp_path_factory.mktemp("dz") / "results"
     return out, exp.run(out, quick=True, parts=("empirical",))["empirical"]
+
+
+def _run_dir(out: Path) -> Path:
+    return out / "runs" / f"{QUICK.dataset}-K{QUICK.clients}-seed0"
 
 
 def test_quick_run_writes_tables_and_chart(quick_run: tuple[Path, dict]) -> None:
@@ -44,12 +52,15 @@ def test_quick_run_writes_tables_and_chart(quick_run: tuple[Path, dict]) -> None
     md = (out / exp.EMPIRICAL_MD).read_text()
     assert "| CL/CI |" in md and "C^{a-b}" in md
     assert not list(out.glob(".*.tmp"))
-    # The costs CSV holds Table I's six pairs, each the difference of the reported losses.
+    # The costs CSV holds Table I's pairs, each the difference of the reported losses.
     ce = {r["setting"]: float(r["cross_entropy_nats"]) for r in rows}
     costs = _read_csv(out / exp.EMPIRICAL_COSTS_CSV)
     assert {(c["a"], c["b"]) for c in costs} == set(dz.TABLE_I)
     for c in costs:
         assert float(c["cost_nats"]) == pytest.approx(ce[c["a"]] - ce[c["b"]], abs=1e-12)
+    # A rerun reuses the finished cell (no MPI job) and rewrites the same tables.
+    again = exp.run(out, quick=True, parts=("empirical",))["empirical"]
+    assert again["results"] == summary["results"]
 
 
 def test_quick_cross_entropies_finite_positive_and_collaboration_helps(quick_run: tuple[Path, dict]) -> None:
@@ -83,16 +94,77 @@ def test_quick_one_cluster_fedpc_links_the_label_to_the_owner_only(quick_run: tu
     assert [int(r["n_clusters"]) for r in rows] == [1, 2]
 
 
-def test_quick_inference_bytes_equal_closed_form(quick_run: tuple[Path, dict]) -> None:
+def _ledger_rows(path: Path, phase: str | None = None) -> list[dict[str, str]]:
+    return [r for r in _read_csv(path) if phase is None or r["phase"] == phase]
+
+
+def test_quick_ledger_inference_bytes_equal_closed_form(quick_run: tuple[Path, dict]) -> None:
+    from data_prep.shards import read_test
+    from mpifc.federated.evaluate import Query
+    from mpifc.federated.serialize import load_fc
+    from mpifc.runtime.fc_query import query_payload_bytes
+
     out, summary = quick_run
     res = summary["results"]["breast-cancer/2"]
+    run = _run_dir(out)
     n_test = int(_read_csv(out / exp.EMPIRICAL_CSV)[0]["n_test"])
-    assert res["DL/CI"]["infer_bytes"] == 8 * n_test * 2 * 2 == dze.dl_ci_closed_form_bytes(n_test, 2, 2)
-    assert res["CL/CI"]["infer_bytes"] == res["CL/CI"]["closed_form_infer_bytes"] > 0
-    assert res["CL/DI"]["infer_bytes"] == res["DL/DI"]["infer_bytes"] == 0
-    # Decentralised learning sends only the class counts; collaborative learning sends the models.
-    assert res["DL/CI"]["train_bytes"] == 8 * 2 and res["DL/DI"]["train_bytes"] == 0
-    assert res["CL/DI"]["train_bytes"] > res["CL/CI"]["train_bytes"] > 0
+    k, c = QUICK.clients, 2
+    # DL/CI: each of the K agents sends one (n_test, C) float64 vector; the ledger's payload (what
+    # MPI reported moving) is exactly 8 · n_test · C · K, the typed headers counted apart.
+    q = _ledger_rows(run / "dl.csv", "query")
+    assert [r["kind"] for r in q] == ["dz.dl.class_loglik"] * k
+    assert sorted(int(r["src"]) for r in q) == list(range(1, k + 1)) and {r["dst"] for r in q} == {"0"}
+    assert all(int(r["payload_bytes"]) == 8 * n_test * c for r in q)
+    payload = sum(int(r["payload_bytes"]) for r in q)
+    assert payload == 8 * n_test * c * k == dze.dl_ci_closed_form_bytes(n_test, c, k)
+    assert res["DL/CI"]["infer_payload_bytes"] == payload == res["DL/CI"]["infer_payload_closed_form"]
+    assert res["DL/CI"]["infer_header_bytes"] == sum(int(r["header_bytes"]) for r in q) > 0
+    # DL training sends the combiner one thing: agent 0's class counts (8 · C bytes).
+    t = _ledger_rows(run / "dl.csv", "train")
+    assert [(r["kind"], int(r["payload_bytes"])) for r in t] == [("dz.dl.prior_counts", 8 * c)]
+    assert res["DL/CI"]["train_bytes"] == 8 * c + int(t[0]["header_bytes"])
+    # CL/CI: one upward pass; the ledger's payload equals the closed form of the model's ψ.
+    fc = load_fc(run / "cl.h5", load_models=False)
+    target = fc.target
+    closed = query_payload_bytes(fc, n_test, Query(target, c))
+    assert closed == dze.fedpc_closed_form_bytes(fc, n_test, dze.Schema(target, c, {}, {}, ()))
+    q = _ledger_rows(run / "cl_eval.csv", "query")
+    assert {r["kind"] for r in q} == {"fc.query.values"}
+    assert sum(int(r["payload_bytes"]) for r in q) == closed == res["CL/CI"]["infer_payload_bytes"]
+    assert n_test == len(read_test(_shards(out, 0)).ids)
+    # DI settings: nothing at test time; CL/DI pays its pack at training time.
+    assert _ledger_rows(run / "di.csv", "query") == []
+    assert res["CL/DI"]["infer_payload_bytes"] == res["DL/DI"]["infer_payload_bytes"] == 0
+    pack = sum(int(r["total_bytes"]) for r in _ledger_rows(run / "di.csv", "di-pack"))
+    cl_train = sum(int(r["total_bytes"]) for r in _ledger_rows(run / "cl_train.csv"))
+    assert res["CL/CI"]["train_bytes"] == cl_train > 0
+    assert res["CL/DI"]["train_bytes"] == cl_train + pack > cl_train
+    assert res["DL/DI"]["train_bytes"] == 0
+
+
+def _shards(out: Path, owner: int | str) -> Path:
+    from mpifc.experiments.jobs import ShardSpec
+
+    return out / "shards" / ShardSpec(QUICK.dataset, "vertical", QUICK.clients, 0, max_rows=QUICK.max_rows,
+                                      label_owner=owner).dirname()
+
+
+def test_quick_mpi_predictions_equal_in_process(quick_run: tuple[Path, dict]) -> None:
+    # The four settings computed by the MPI jobs equal the single-process computation on the
+    # same rows (same seeds): the transport changes who computes, not what.
+    from data_prep.shards import read_test
+
+    out, _ = quick_run
+    blocks, schema, y_train = exp.empirical_case_data(QUICK, 0)
+    test = read_test(_shards(out, "all"))
+    for b in blocks:
+        np.testing.assert_array_equal(b.x_test, test.x[:, [test.features.index(f) for f in b.features]])
+    _, extras = dze.four_settings(blocks, schema, y_train, dze.FedPCConfig())
+    mpi = exp.cell_posteriors(_run_dir(out), QUICK.clients)
+    for s in dz.SETTINGS:
+        assert len(mpi[s]) == len(extras["log_post"][s])
+        for got, want in zip(mpi[s], extras["log_post"][s]):
+            np.testing.assert_allclose(got, want, atol=1e-9, rtol=0)
 
 
 def test_fedpc_link_bytes_follow_scope_of_each_crossing_leaf() -> None:
@@ -241,3 +313,29 @@ def test_di_pack_suffices_for_decentralised_inference() -> None:
 def test_zero_likelihood_rows_counts_rows_without_evidence() -> None:
     lj = np.array([[-1.0, -2.0], [-1e30, -1e30], [-np.inf, -1e30], [-1e30, -3.0]])
     assert dze.zero_likelihood_rows(lj) == 2
+
+
+def test_job_message_kinds_are_distinct_and_clients_send_allowed_classes() -> None:
+    import mpifc.baselines.protocol  # noqa: F401  (registration raises on an id collision)
+    from mpifc.analysis import decentralization_job as job
+    from mpifc.runtime import fc_protocol as P
+    from mpifc.runtime.kinds import all_kinds
+
+    kinds = all_kinds()
+    assert len({k.kind_id for k in kinds}) == len(kinds)
+    # What an agent sends: counts, a test-ids digest, likelihood vectors; never evidence.
+    for k in (job.PRIOR_COUNTS, job.TEST_DECLARE, job.CLASS_LOGLIK):
+        assert k.payload in P.CLIENT_ALLOWED
+    assert job.CLASS_LOGLIK.payload == "likelihood_vector"
+
+
+def test_job_product_of_experts_matches_the_analysis_rule() -> None:
+    from mpifc.analysis import decentralization_job as job
+
+    rng = np.random.default_rng(1)
+    joints = [rng.normal(size=(6, 3)) for _ in range(3)]
+    counts = np.array([5.0, 1.0, 0.0])
+    prior = job.laplace_log_prior(counts)
+    np.testing.assert_allclose(np.exp(prior), (counts + 1) / (counts.sum() + 3), atol=1e-15)
+    want = dze.product_of_experts([dze.log_posterior(j) for j in joints], prior)
+    np.testing.assert_allclose(job.poe(joints, prior), want, atol=1e-12)

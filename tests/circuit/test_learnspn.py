@@ -185,6 +185,8 @@ def test_min_instances_slice_controls_size() -> None:
         (dict(leaf="spline"), "leaf"),
         (dict(col_split="gtest"), "gtest"),
         (dict(alpha=0.0), "alpha"),
+        (dict(rdc_ties="dense"), "rdc_ties"),
+        (dict(rdc_k=0), "rdc_k"),
     ],
 )
 def test_bad_arguments_raise_user_error(kwargs: dict, field: str) -> None:

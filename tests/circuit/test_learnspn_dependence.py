@@ -126,3 +126,19 @@ def test_dependency_components_match_scipy() -> None:
         for g in groups:
             assert len(set(labels[g])) == 1 and np.sum(labels == labels[g[0]]) == len(g)
         assert [int(g[0]) for g in groups] == sorted(int(g[0]) for g in groups)
+
+
+def test_ordinal_ties_make_independent_sparse_binaries_look_dependent() -> None:
+    """SPFlow's copula (ties in row order) vs the faithful one (ties share a value): on two
+    independent sparse binary columns only the faithful RDC stays near 0."""
+    rng = np.random.default_rng(8)
+    data = (rng.random((3000, 2)) < 0.05).astype(np.float64)
+    faithful = rdc_matrix(data, rng=np.random.default_rng(0))
+    ordinal = rdc_matrix(data, rng=np.random.default_rng(0), ties="ordinal", k=20)
+    assert faithful[0, 1] == pytest.approx(abs(np.corrcoef(data.T)[0, 1]))
+    assert faithful[0, 1] < 0.1
+    assert ordinal[0, 1] > 0.5
+    # On continuous data (no ties) the two conventions are the same statistic.
+    cont = rng.normal(size=(500, 3))
+    np.testing.assert_allclose(rdc_matrix(cont, rng=np.random.default_rng(1)),
+                               rdc_matrix(cont, rng=np.random.default_rng(1), ties="ordinal"))

@@ -1,6 +1,8 @@
 """Contract tests: the same battery against every leaf type."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -93,14 +95,16 @@ def test_em_update_never_decreases_weighted_ll(kind: LeafKind, rng: np.random.Ge
         prev = cur
 
 
-@pytest.mark.parametrize("kind", [k for k in LEAF_KINDS if k.em and k.name != "discretized_gaussian"],
-                         ids=ids([k for k in LEAF_KINDS if k.em and k.name != "discretized_gaussian"]))
+_CLOSED_FORM_M = [k for k in LEAF_KINDS if k.em and k.name not in ("discretized_gaussian", "piecewise_linear")]
+
+
+@pytest.mark.parametrize("kind", _CLOSED_FORM_M, ids=ids(_CLOSED_FORM_M))
 def test_em_update_equals_weighted_fit(kind: LeafKind, rng: np.random.Generator) -> None:
     """For exponential-family leaves one M-step from any start is the weighted MLE."""
     leaf = kind.make(rng)
     data = kind.make(rng).sample(200, rng)
     w = rng.uniform(0, 2, len(data))
-    hp = {k: float(v) for k, v in leaf.params().items() if k in ("alpha", "min_var")}
+    hp = {k: float(v) for k, v in leaf.params().items() if k in ("alpha", "min_var", "tail")}
     if kind.name.startswith("histogram"):
         hp["breaks"] = leaf.params()["breaks"]
         hp["discrete"] = bool(leaf.params()["discrete"])
@@ -208,3 +212,56 @@ def test_out_of_support_is_impossible_not_nan(kind: LeafKind, rng: np.random.Gen
     leaf = kind.make(rng)
     lp = leaf.log_prob(np.array([-1.0, 0.5, 99.0]))
     assert torch.all(lp == LOG_ZERO)
+
+
+def _tailed(kind: str, tail: float) -> Any:
+    """A continuous Histogram / PiecewiseLinear leaf on [-1, 1.5] with ``tail`` mass outside."""
+    if kind == "histogram":
+        br = np.array([-1.0, -0.2, 0.5, 1.5])
+        d = np.array([0.3, 0.9, 0.5])
+        return Histogram(br, d / (d * np.diff(br)).sum(), alpha=1e-3, tail=tail)
+    xs = np.array([-1.0, -0.3, 0.4, 1.5])
+    ys = np.array([0.0, 0.8, 0.5, 0.2])
+    return PiecewiseLinear(xs, ys / np.trapezoid(ys, xs), tail=tail)
+
+
+@pytest.mark.parametrize("kind", ["histogram", "piecewise_linear"])
+def test_tails_are_finite_and_normalised_on_the_whole_line(kind: str) -> None:
+    tail = 1e-2
+    leaf = _tailed(kind, tail)
+    far = leaf.log_prob(np.array([-1e6, -3.0, 2.0, 40.0, 1e6])).numpy()
+    assert np.all(np.isfinite(far)) and np.all(far > LOG_ZERO)
+    assert far[1] > far[0] and far[2] > far[3] > far[4]  # decays away from the body
+    # Body plus both tails: the exponential tails (scale 2.5) are negligible beyond 60 scales.
+    pts = np.linspace(-151.0, 151.5, 3_000_001)
+    dens = leaf.log_prob(pts).exp().numpy()
+    assert np.trapezoid(dens, pts) == pytest.approx(1.0, abs=1e-4)
+    inside = (pts >= -1.0) & (pts <= 1.5)
+    assert np.trapezoid(np.where(inside, dens, 0.0), pts) == pytest.approx(1 - tail, abs=1e-4)
+    # Samples fall outside with frequency ~ tail (binomial 5-sigma band, fixed seed).
+    x = leaf.sample(200_000, np.random.default_rng(0))
+    frac = float(np.mean((x < -1.0) | (x > 1.5)))
+    assert abs(frac - tail) < 5 * np.sqrt(tail * (1 - tail) / len(x))
+
+
+@pytest.mark.parametrize("kind", ["histogram", "piecewise_linear"])
+def test_fitted_leaf_gives_test_values_outside_training_range_a_finite_density(kind: str) -> None:
+    rng = np.random.default_rng(3)
+    leaf = fit_leaf("real", rng.normal(size=200), leaf=kind)
+    lp = leaf.log_prob(np.array([-50.0, 50.0, np.nan])).numpy()
+    assert np.all(np.isfinite(lp)) and np.all(lp[:2] > LOG_ZERO) and lp[2] == 0.0
+
+
+def test_piecewise_linear_em_matches_weighted_mixture_of_hats() -> None:
+    """One EM step from uniform heights equals the closed form: pi_i = sum_x w r_i(x) / sum w."""
+    xs = np.array([0.0, 1.0, 3.0])
+    leaf = PiecewiseLinear(xs, np.full(3, 1 / 3.0), tail=0.0)
+    x = np.array([0.5, 2.0, 3.0, 9.0])  # 9 is outside: no information about the body
+    w = np.array([1.0, 2.0, 1.0, 5.0])
+    st = leaf.em_statistics(x, w)
+    # Uniform heights: responsibilities are the hat values at x.
+    np.testing.assert_allclose(st["counts"], [0.5, 0.5 + 2 * 0.5, 2 * 0.5 + 1.0])
+    leaf.em_update(st)
+    pi = st["counts"] / st["counts"].sum()
+    np.testing.assert_allclose(leaf.params()["ys"], pi / np.array([0.5, 1.5, 1.0]))
+    assert np.trapezoid(leaf.params()["ys"], xs) == pytest.approx(1.0)

@@ -64,10 +64,11 @@ def test_decentralization_is_registered_with_its_signature(monkeypatch, tmp_path
     from mpifc.experiments import decentralization
 
     seen = {}
-    monkeypatch.setattr(decentralization, "run", lambda out, quick, parts: seen.update(out=out, quick=quick,
-                                                                                       parts=parts) or {})
-    registry.get("decentralization").run(tmp_path, [0, 1], True, parts=["exact"])
-    assert seen == {"out": tmp_path, "quick": True, "parts": ("exact",)}
+    monkeypatch.setattr(decentralization, "run", lambda out, quick, parts, seeds, **kw: seen.update(
+        out=out, quick=quick, parts=parts, seeds=seeds, **kw) or {})
+    registry.get("decentralization").run(tmp_path, [0, 1], True, parts=["exact"], max_rows=500, progress=True)
+    # Seeds and the empirical part's options reach the experiment; options it does not use do not.
+    assert seen == {"out": tmp_path, "quick": True, "parts": ("exact",), "seeds": [0, 1], "max_rows": 500}
 
 
 def test_launcher_commands():

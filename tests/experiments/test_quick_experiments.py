@@ -80,6 +80,9 @@ def test_table7_quick(quick_table7, shard_cache):
     assert cells[("central", 1, "hgb")]["accuracy"] >= 0.9
     md = (out / "table7.md").read_text()
     assert "not reproduced" in md and "FC[PC] (2 cl.)" in md
+    # TabNet does not install cleanly: the table says so and the baselines are the MLPs
+    assert "pytorch-tabnet 4.1.0 needs pandas" in md and "FedAvg-MLP (2 cl.)" in md and "SplitNN-MLP (2 cl.)" in md
+    assert cells[("horizontal", 2, "fedavg")]["n_parameters"] > 0
     rerun_skips_everything("table7", out, shard_cache, 7)
 
 
@@ -105,9 +108,17 @@ def test_commcost_quick_reuses_table7_runs(quick_table7, quick_commcost):
     assert cells[("vertical", 2, "splitnn")]["ratio"] == pytest.approx(1.0, abs=0.05)
     for st in ("horizontal", "vertical"):
         rec = cells[(st, 2, "fedpc")]
-        assert rec["measured_bytes"] > 0 and rec["formula_bytes"] > 0 and finite(rec["ratio"])
-        assert rec["measured_total_bytes"] >= rec["measured_bytes"]
-    assert "measured / formula" in (out / "commcost.md").read_text()
+        # M = the PCs' array bytes: the ledger holds those, the counts and the wire format's
+        # per-PC header, nothing else; headers and control messages are columns of their own
+        assert rec["measured_bytes"] - rec["formula_bytes"] == rec["wire_header_bytes"] > 0
+        assert rec["measured_total_bytes"] == rec["measured_bytes"] + rec["header_bytes"] + rec["control_bytes"]
+    # two clients' whole PCs: the ~0.5 kB header per PC is under 5%; the vertical PCs (one per
+    # client and cluster, 6-13 kB on breast cancer) carry a larger share (commcost.md shows it)
+    h = cells[("horizontal", 2, "fedpc")]
+    assert h["formula_bytes"] < h["measured_bytes"] <= 1.05 * h["formula_bytes"]
+    assert cells[("vertical", 2, "fedpc")]["ratio"] < 1.1
+    md = (out / "commcost.md").read_text()
+    assert "measured / formula" in md and "S where 1000x starts" in md
     # identical jobs (same shards, settings, budgets) ran once, for table7
     assert all(r["cached_run"] for r in cells.values())
     t7 = by_cell(quick_table7[1])

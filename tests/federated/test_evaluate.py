@@ -172,3 +172,92 @@ def test_fcdt_needs_the_target_on_every_client():
     shards = split(x, "vertical")
     with pytest.raises(Exception, match="client 0 does not hold the target 'y'"):
         build_single_process(OnePassBuilder(learner="dt"), [(d, xi) for d, xi, _ in shards], FEATURES, "y")
+
+
+def _h5_tree(g) -> dict:
+    """Every attribute and dataset under an h5py group, as comparable Python values."""
+    import h5py
+
+    out = {}
+    for k, v in g.attrs.items():
+        out["@" + k] = [str(s) for s in v] if isinstance(v, np.ndarray) and v.dtype == object else \
+            (v.tolist() if isinstance(v, np.ndarray) else v)
+    for k, v in g.items():
+        if isinstance(v, h5py.Group):
+            out[k] = _h5_tree(v)
+        else:
+            out[k] = (v.dtype.str, v.shape, v[()].tobytes())
+    return out
+
+
+def _learned_models():
+    from mpifc.federated.factorized import FactorizedModel
+    from mpifc.federated.learners import fit_leaf
+
+    x = np.column_stack([binary_table(300, seed=3)[:, :3], np.random.default_rng(4).normal(size=300)])
+    meta = ["discrete", "discrete", "discrete", "real"]
+    spn = fit_leaf("learnspn", x, meta, 0, n_categories=[2, 2, 2, 0], threshold=0.3, min_instances_slice=40)
+    fac = FactorizedModel.fit(x, meta, [2, 2, 2, 0])
+    dt = fit_leaf("dt", x, meta, 0, n_categories=[2, 2, 2, 0], target_index=0, max_depth=3)
+    return x, [spn, fac, dt]
+
+
+def test_wire_format_exact_roundtrip_and_overhead(tmp_path):
+    import h5py
+
+    from mpifc.federated.serialize import WireModel, wire_overhead
+
+    x, models = _learned_models()
+    for m in models:
+        blob = model_to_bytes(m)
+        # Size is exactly 8 + H + the raw arrays, with H (the JSON header) a few hundred bytes.
+        with h5py.File(tmp_path / f"{type(m).__name__}.h5", "w") as f:
+            m.save(f.create_group("model"))
+            ref = _h5_tree(f["model"])
+            raw = sum(d.nbytes for d in _datasets(f["model"]))
+        assert blob.nbytes == wire_overhead(blob) + raw
+        assert wire_overhead(blob) < 700
+        back = model_from_bytes(blob)
+        assert type(back) is type(m)
+        np.testing.assert_array_equal(np.asarray(back.log_likelihood(x)), np.asarray(m.log_likelihood(x)))
+        # The server's lazy form writes exactly what the model's own save wrote.
+        lazy = model_from_bytes(blob, lazy=True)
+        assert isinstance(lazy, WireModel) and lazy.num_parameters() == m.num_parameters()
+        with h5py.File(tmp_path / f"{type(m).__name__}-lazy.h5", "w") as f:
+            lazy.save(f.create_group("model"))
+            assert _h5_tree(f["model"]) == ref
+        np.testing.assert_array_equal(np.asarray(lazy.log_likelihood(x)), np.asarray(m.log_likelihood(x)))
+        assert model_to_bytes(lazy).tobytes() == blob.tobytes()
+
+
+def _datasets(g):
+    import h5py
+
+    for v in g.values():
+        if isinstance(v, h5py.Group):
+            yield from _datasets(v)
+        else:
+            yield v[()]
+
+
+def test_wire_format_rejects_malformed_blobs():
+    from mpifc.errors import UserError
+
+    blob = model_to_bytes(_learned_models()[1][1])
+    for bad in (blob[:5], blob[:-3], np.concatenate([blob, np.zeros(2, np.uint8)]),
+                np.concatenate([np.full(8, 255, np.uint8), blob[8:]])):
+        with pytest.raises(UserError, match="client 3 .*malformed model blob"):
+            model_from_bytes(bad, source="client 3 (rank 4)")
+
+
+def test_macro_f1_matches_sklearn():
+    from sklearn.metrics import f1_score
+
+    from mpifc.runtime.fc_eval import _f1_macro
+
+    rng = np.random.default_rng(0)
+    for k in (2, 3):
+        y, p = rng.integers(0, k, 400), rng.integers(0, k, 400)
+        assert _f1_macro(y, p, k) == pytest.approx(f1_score(y, p, average="macro"), abs=1e-12)
+    y = rng.integers(0, 2, 400)
+    assert _f1_macro(y, np.zeros(400, int), 2) == pytest.approx(f1_score(y, np.zeros(400, int), average="macro"))

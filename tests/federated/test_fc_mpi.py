@@ -36,11 +36,11 @@ def train(n, shards, tmp, *extra, name="m"):
     return r, model, ledger, audit
 
 
-def evaluate(n, shards, model, tmp, batch, name="m"):
+def evaluate(n, shards, model, tmp, batch, name="m", extra=()):
     ledger, npz, audit = tmp / f"{name}-query.csv", tmp / f"{name}.npz", tmp / f"{name}-audit-query"
     r = run_mpi(n, JOB + ["evaluate", str(shards), "--model", str(model), "--distributed", "--batch", str(batch),
-                          "--ledger", str(ledger), "--output-npz", str(npz), "--audit", str(audit), "--json"],
-                timeout=180)
+                          "--ledger", str(ledger), "--output-npz", str(npz), "--audit", str(audit), "--json",
+                          *extra], timeout=180)
     return r, ledger, npz, audit
 
 
@@ -74,10 +74,11 @@ def assert_ledger_declared(rows: list[dict], client_ranks: set[int]) -> None:
             assert row["payload_class"] in CLIENT_ALLOWED, row
 
 
-def check_equal_and_bytes(shards, model, ledger, npz, batch, n_test):
+def check_equal_and_bytes(shards, model, ledger, npz, batch, n_test, query_rows=None):
     got = np.load(npz)["joint"]
     ref_npz = npz.with_suffix(".gathered.npz")
-    evaluate_gathered({"dir": str(shards), "model": str(model), "batch": batch, "output_npz": str(ref_npz)})
+    evaluate_gathered({"dir": str(shards), "model": str(model), "batch": batch, "output_npz": str(ref_npz),
+                       "query_rows": query_rows})
     ref = np.load(ref_npz)["joint"]
     assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-9
     fc = load_fc(model, load_models=False)
@@ -168,6 +169,13 @@ def test_hybrid_end_to_end_and_bad_psi(data, tmp_path):
     r, qledger, npz, _ = evaluate(3, shards, model, tmp_path, batch=50)
     assert r.returncode == 0, r.stderr
     check_equal_and_bytes(shards, model, qledger, npz, 50, 50)
+    # Throughput runs: the 50 test rows repeated to 130 queries, in batches of 50, 50 and 30.
+    r, qledger, npz, _ = evaluate(3, shards, model, tmp_path, batch=50, name="tiled", extra=("--query-rows", "130"))
+    assert r.returncode == 0, r.stderr
+    check_equal_and_bytes(shards, model, qledger, npz, 50, 130, query_rows=130)
+    joint = np.load(npz)["joint"]
+    assert joint.shape[0] == 130 and np.array_equal(joint[50:100], joint[:50])
+    assert len(json.loads(r.stdout.strip().splitlines()[-1])["batch_seconds"]) == 3
     # ψ edited to put a leaf on the server: a clear error, exit 2.
     bad = tmp_path / "bad.h5"
     shutil.copy(model, bad)
