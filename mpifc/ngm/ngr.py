@@ -56,7 +56,7 @@ def fit_ngr(x: np.ndarray, schema: Schema, hidden: Sequence[int] = (32, 32), act
         off_diagonal = (p + p.T).sum() - 2.0 * self_paths
         return self_paths + (sparsity / lam) * off_diagonal
 
-    train(model, x, config, penalty=penalty)
+    train(model, x, config, penalty=penalty, init_output_bias=False)
     return model
 
 

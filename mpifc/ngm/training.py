@@ -64,7 +64,8 @@ def _targets(model: NGM, x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | None = None,
-          penalty: Callable[[], torch.Tensor] | None = None, set_statistics: bool = True) -> list[float]:
+          penalty: Callable[[], torch.Tensor] | None = None, set_statistics: bool = True,
+          init_output_bias: bool = True) -> list[float]:
     """Train ``model`` in place on ``x`` ``(n, d)``.
 
     Args:
@@ -77,6 +78,8 @@ def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | N
             categorical output biases at the (centred) log marginals, so that even a model
             trained for a few steps predicts each categorical's frequencies rather than a flat
             softmax (a stitched model keeps the global statistics and weights, so it passes False).
+        init_output_bias: with ``set_statistics``, do start the output biases at the log
+            marginals (NGR passes False: its revealed-graph threshold was tuned without it).
 
     Returns:
         Mean training loss per epoch.
@@ -91,7 +94,8 @@ def train(model: NGM, x: np.ndarray, config: TrainConfig, public: np.ndarray | N
             public = None
     if set_statistics:
         model.set_statistics(x)
-        _init_output_bias(model)
+        if init_output_bias:
+            _init_output_bias(model)
     penalty = penalty or model.path_norm
     u, t = _targets(model, x)
     pub = _targets(model, public) if public is not None else None
