@@ -41,7 +41,7 @@ SIZES = [8 * 4**i for i in range(12)] + [64 << 20]  # 8 B ... 32 MiB, then 64 Mi
 
 def iterations_for(size: int, most: int = 300) -> int:
     """Round trips per timed repetition: many for small messages (at most ``most``), few for big ones."""
-    return int(max(min(3, most), min(most, 2e7 // max(size, 1))))
+    return int(max(min(3, most), min(most, 1e8 // max(size, 1))))
 
 
 def raw_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int, fresh: bool = False) -> float:
