@@ -43,16 +43,59 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "info": Command("MPI library, ranks, devices and package versions", "mpifc.runtime.info:info_main",
                     "mpifc.cli:add_job_arguments"),
-    "train": Command("train a federated circuit", "mpifc.runtime.fc_job:train_main",
-                     "mpifc.runtime.fc_job:add_train_arguments"),
-    "evaluate": Command("evaluate a trained federated circuit", "mpifc.runtime.fc_job:evaluate_main",
-                        "mpifc.runtime.fc_job:add_evaluate_arguments"),
+    "train": Command("train a federated circuit (or FedNGM)", "mpifc.cli:family_train_main",
+                     "mpifc.cli:add_family_train_arguments"),
+    "evaluate": Command("evaluate a trained federated circuit (or FedNGM)", "mpifc.cli:family_evaluate_main",
+                        "mpifc.cli:add_family_evaluate_arguments"),
     "bench": Command("run a benchmark from launch/bench/", "mpifc.cli:bench_main", "mpifc.cli:add_bench_arguments"),
     "experiment": Command("run a paper experiment", "mpifc.experiments.main:experiment_main",
                           "mpifc.experiments.main:add_experiment_arguments"),
 }
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "launch" / "bench"
+
+
+# --model-family picks FedPC (mpifc.runtime.fc_job) or FedNGM (mpifc.ngm.cli). The switch lives
+# here, at the top layer, so that the runtime never imports a model family built above it.
+def add_family_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``mpifc train``: FedPC's, plus the FedNGM group."""
+    from mpifc.ngm.cli import FAMILIES, add_ngm_train_arguments
+    from mpifc.runtime import fc_job
+
+    fc_job.add_train_arguments(p)
+    p.add_argument("--model-family", default="fc", choices=FAMILIES,
+                   help="fc: federated circuits (FedPC); ngm: FedNGM (flags in the FedNGM group)")
+    add_ngm_train_arguments(p)
+
+
+def family_train_main(args: argparse.Namespace) -> int:
+    if args.model_family == "ngm":
+        from mpifc.ngm.cli import train_main as ngm_train_main
+
+        return ngm_train_main(args)
+    from mpifc.runtime.fc_job import train_main as fc_train_main
+
+    return fc_train_main(args)
+
+
+def add_family_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``mpifc evaluate``: FedPC's, plus the FedNGM group."""
+    from mpifc.ngm.cli import FAMILIES, add_ngm_evaluate_arguments
+    from mpifc.runtime import fc_job
+
+    fc_job.add_evaluate_arguments(p)
+    p.add_argument("--model-family", default="fc", choices=FAMILIES, help="fc: federated circuits; ngm: FedNGM")
+    add_ngm_evaluate_arguments(p)
+
+
+def family_evaluate_main(args: argparse.Namespace) -> int:
+    if args.model_family == "ngm":
+        from mpifc.ngm.cli import evaluate_main as ngm_evaluate_main
+
+        return ngm_evaluate_main(args)
+    from mpifc.runtime.fc_job import evaluate_main as fc_evaluate_main
+
+    return fc_evaluate_main(args)
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,7 +113,7 @@ def add_ledger_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``mpifc train`` (extended by the federated-training issue)."""
+    """Minimal job flags for a stand-in ``train`` command (tests plug handlers in with these)."""
     add_job_arguments(p)
     add_ledger_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same model)")
@@ -78,7 +121,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``mpifc evaluate`` (extended by the federated-training issue)."""
+    """Minimal job flags for a stand-in ``evaluate`` command."""
     add_job_arguments(p)
     add_ledger_arguments(p)
     p.add_argument("--model", metavar="FILE", help="a trained model (HDF5)")
@@ -86,7 +129,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``mpifc experiment`` (extended by the experiments issue)."""
+    """Minimal job flags for a stand-in ``experiment`` command."""
     add_job_arguments(p)
     add_ledger_arguments(p)
     p.add_argument("--out", metavar="DIR", help="where results are written")

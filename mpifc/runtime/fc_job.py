@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from mpifc.errors import UserError
-from mpifc.federated.assign import ASSIGN_STRATEGIES, required_ranks
+from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.learners import learner_names
 from mpifc.federated.one_pass import GLUE_MODES
 
@@ -39,11 +38,7 @@ def _parse_kv(items: list[str], what: str) -> dict[str, Any]:
 # -- train ---------------------------------------------------------------------------------------
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mpifc train``."""
-    from mpifc.ngm.cli import FAMILIES, add_ngm_train_arguments
-
     p.add_argument("dir", help="shard directory written by data_prep")
-    p.add_argument("--model-family", default="fc", choices=FAMILIES,
-                   help="fc: federated circuits (FedPC); ngm: FedNGM (flags in the FedNGM group)")
     p.add_argument("--learner", default="learnspn", choices=learner_names(), help="client PC learner")
     p.add_argument("--client-learner", action="append", default=[], metavar="IDX=NAME",
                    help="per-client learner override (repeatable)")
@@ -66,7 +61,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     p.add_argument("--json", action="store_true", help="print a JSON summary on rank 0")
-    add_ngm_train_arguments(p)
 
 
 def train_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,10 +101,6 @@ def train_main(args: argparse.Namespace) -> int:
     from data_prep.shards import load_manifest
     from mpifc.runtime.job import run_job
 
-    if getattr(args, "model_family", "fc") == "ngm":
-        from mpifc.ngm.cli import train_main as ngm_train_main
-
-        return ngm_train_main(args)
     cfg = train_config(args)
     cfg["json"] = bool(args.json)
     m = load_manifest(args.dir)
@@ -122,10 +112,7 @@ def train_main(args: argparse.Namespace) -> int:
 # -- evaluate ------------------------------------------------------------------------------------
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mpifc evaluate``."""
-    from mpifc.ngm.cli import FAMILIES, add_ngm_evaluate_arguments
-
     p.add_argument("dir", help="shard directory written by data_prep")
-    p.add_argument("--model-family", default="fc", choices=FAMILIES, help="fc: federated circuits; ngm: FedNGM")
     p.add_argument("--model", required=True, help="model file written by train")
     p.add_argument("--distributed", action="store_true", help="upward pass over the ranks ψ names")
     p.add_argument("--evidence", default="auto", choices=("auto", "querier", "local"),
@@ -145,7 +132,6 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-samples", type=int, default=1000, help="samples drawn by --query sample")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of --query sample (per-node streams)")
     p.add_argument("--out", default=None, help="HDF5 file for the MPE completions or samples (dataset x)")
-    add_ngm_evaluate_arguments(p)
 
 
 def _evaluate_job(ctx: Any) -> int:
@@ -167,10 +153,6 @@ def evaluate_main(args: argparse.Namespace) -> int:
     from mpifc.federated.serialize import load_fc
     from mpifc.runtime.job import run_job
 
-    if getattr(args, "model_family", "fc") == "ngm":
-        from mpifc.ngm.cli import evaluate_main as ngm_evaluate_main
-
-        return ngm_evaluate_main(args)
     if args.batch < 1:
         raise UserError(f"--batch must be >= 1, got {args.batch}")
     if args.query_rows is not None and args.query_rows < 1:

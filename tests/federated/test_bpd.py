@@ -9,7 +9,7 @@ from scipy.special import logsumexp
 
 from mpifc.federated.bpd import image_bpd
 from mpifc.runtime.fc_eval import evaluate_gathered
-from mpifc.runtime.fc_job import add_evaluate_arguments  # noqa: F401  (the flags exist)
+from mpifc.cli import add_family_evaluate_arguments  # noqa: F401  (the flags exist)
 from tests.federated.fixtures import binary_table, write_shards
 
 
