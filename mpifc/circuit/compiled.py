@@ -13,7 +13,7 @@ downward passes: MPE backtracking, (conditional) sampling and EM flows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
-import numpy as np
 
 from data_prep.shards import ClientShard, Manifest, load_manifest, read_client
 from mpifc.errors import UserError

@@ -26,7 +26,6 @@ in neither figure. Wall-clock seconds of the same phases are reported beside the
 """
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from dataclasses import replace

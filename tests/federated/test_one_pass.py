@@ -1,7 +1,6 @@
 """Algorithm 1 in one process: plan, glue modes, weights, collapse, validation, ψ."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
