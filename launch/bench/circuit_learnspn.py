@@ -16,9 +16,10 @@ this process. SPFlow: one run in a subprocess (so it can be killed at ``--spflow
 
 SPFlow 1.1.0 is patched *inside its worker process only* (site-packages is never edited):
 
-* ``spflow.learn.learn_spn.rdc`` is wrapped to return 0 for a pair with a constant column; as
-  shipped, its binary search over k ends on an empty eigenvalue set and crashes with
-  ``RuntimeError: max(): Expected reduction dim ...`` whenever a slice holds a constant column;
+* ``spflow.learn.learn_spn.rdc`` is wrapped to return 0 for a pair with a constant column, and
+  for any pair where it raises; as shipped, its binary search over k ends on an empty eigenvalue
+  set and crashes with ``RuntimeError: max(): Expected reduction dim ...`` whenever a slice holds
+  a constant column (nltcs), and on some other pairs too (plants, after about 4 minutes);
 * after learning, Bernoulli leaf probabilities are clamped to ``[1e-3, 1 - 1e-3]``; unclamped,
   p = 0/1 leaves make the test LL -inf/NaN.
 
@@ -123,7 +124,12 @@ def spflow_worker(case: str, debd: Path) -> dict[str, Any]:
     def rdc_constant_safe(x: torch.Tensor, y: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
         if bool((x == x[0]).all()) or bool((y == y[0]).all()):
             return torch.tensor(0.0, dtype=torch.float64)
-        return original_rdc(x, y, *a, **k)
+        try:
+            return original_rdc(x, y, *a, **k)
+        except RuntimeError:
+            # The same empty-eigenvalue crash also hits some non-constant pairs (plants, after
+            # ~4 min): score them independent, as for a constant column.
+            return torch.tensor(0.0, dtype=torch.float64)
 
     spl.rdc = rdc_constant_safe
     d = tr.shape[1]
