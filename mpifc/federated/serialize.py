@@ -137,22 +137,23 @@ def load_fc(path: str | os.PathLike, load_models: bool | set[int] = True) -> Fed
         raise UserError(f"cannot read model file {path}: {e}") from None
 
 
-def fc_to_bytes(fc: FederatedCircuit) -> np.ndarray:
-    """The circuit's structure, ψ and weights (no leaf models) as HDF5 bytes ``(n_bytes,)`` uint8."""
+def fc_to_bytes(fc: FederatedCircuit, with_models: bool = False) -> np.ndarray:
+    """The circuit's structure, ψ and weights (and the leaf models with ``with_models``) as HDF5
+    bytes ``(n_bytes,)`` uint8."""
     import io
 
     buf = io.BytesIO()
     with h5py.File(buf, "w") as f:
-        write_fc(fc, f.create_group("fc"), with_models=False)
+        write_fc(fc, f.create_group("fc"), with_models=with_models)
     return np.frombuffer(buf.getvalue(), dtype=np.uint8).copy()
 
 
-def fc_from_bytes(data: np.ndarray) -> FederatedCircuit:
-    """Inverse of :func:`fc_to_bytes` (leaves come back without models)."""
+def fc_from_bytes(data: np.ndarray, load_models: bool = False) -> FederatedCircuit:
+    """Inverse of :func:`fc_to_bytes` (leaves come back without models unless ``load_models``)."""
     import io
 
     with h5py.File(io.BytesIO(np.asarray(data, dtype=np.uint8).tobytes()), "r") as f:
-        return read_fc(f["fc"], load_models=False)
+        return read_fc(f["fc"], load_models=load_models)
 
 
 # -- compact wire format of one leaf model ---------------------------------------------------

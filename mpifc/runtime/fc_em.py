@@ -29,7 +29,6 @@ statistics of the pooled rows, so the result equals centralized EM on the same s
 """
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
@@ -45,29 +44,18 @@ from mpifc.federated.em import (
     unpack_sums,
     update_sums,
 )
+from mpifc.federated.serialize import fc_from_bytes, fc_to_bytes
 from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.runtime import fc_protocol as P
 
 
 def fc_with_models_to_bytes(fc: FederatedCircuit) -> np.ndarray:
     """The whole FC, leaf models included, as HDF5 bytes ``(n_bytes,)`` uint8."""
-    import h5py
-
-    from mpifc.federated.serialize import write_fc
-
-    buf = io.BytesIO()
-    with h5py.File(buf, "w") as f:
-        write_fc(fc, f.create_group("fc"), with_models=True)
-    return np.frombuffer(buf.getvalue(), dtype=np.uint8).copy()
+    return fc_to_bytes(fc, with_models=True)
 
 
 def fc_with_models_from_bytes(data: np.ndarray) -> FederatedCircuit:
-    import h5py
-
-    from mpifc.federated.serialize import read_fc
-
-    with h5py.File(io.BytesIO(np.asarray(data, dtype=np.uint8).tobytes()), "r") as f:
-        return read_fc(f["fc"], load_models=True)
+    return fc_from_bytes(data, load_models=True)
 
 
 def _leaf_ids(fc: FederatedCircuit) -> list[int]:
