@@ -25,7 +25,7 @@ from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import FederatedCircuit
 from mpifc.runtime import fc_protocol as P
 from mpifc.runtime.atomic import atomic_write_bytes
-from mpifc.runtime.fc_query import upward_pass
+from mpifc.runtime.fc_query import exchange_evidence, upward_pass
 
 
 def make_query(fc: FederatedCircuit) -> Query:
@@ -97,24 +97,8 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     batch_seconds = []
     for lo, hi in batches(n, int(cfg["batch"])):
         t_batch = time.perf_counter()
-        cols: dict[str, np.ndarray] = {}
-        if ctx.rank == 0 and evidence_from_querier:
-            made: dict[tuple[str, ...], np.ndarray] = {}  # horizontal: every client gets the same rows
-            for c in sorted(fc.clients.values(), key=lambda c: c.index):
-                ev = made.get(tuple(c.features))
-                if ev is None:
-                    idx = [test.features.index(f) for f in c.features]
-                    ev = made[tuple(c.features)] = test.x[lo:hi][:, idx]  # fancy indexing: a copy
-                    if query.expand_target in c.features:
-                        ev[:, c.features.index(query.expand_target)] = np.nan  # never send the label
-                t.send(ev, c.rank, P.EVIDENCE)
-        if ctx.rank in client_at:
-            c = client_at[ctx.rank]
-            if evidence_from_querier:
-                ev = t.recv(0, P.EVIDENCE)
-                cols = {f: ev[:, j] for j, f in enumerate(c.features)}
-            else:
-                cols = {f: own.x_test[lo:hi, j] for j, f in enumerate(own.features)}
+        cols = exchange_evidence(t, ctx.rank, sorted(fc.clients.values(), key=lambda c: c.index), test, own,
+                                 lo, hi, query.expand_target, evidence_from_querier)
         root = upward_pass(t, fc, ctx.rank, cols, hi - lo, query)
         if root is not None:
             roots.append(root)

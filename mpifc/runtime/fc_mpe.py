@@ -51,6 +51,7 @@ from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.runtime import fc_protocol as P
 from mpifc.runtime.atomic import atomic_write_bytes
+from mpifc.runtime.fc_query import exchange_evidence
 
 
 # -- passes --------------------------------------------------------------------------------------
@@ -167,23 +168,9 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     out = np.full((n, len(fc.features)), np.nan) if ctx.rank == 0 else None
     for b, (lo, hi) in enumerate(batches(n, int(cfg["batch"]))):
         k = hi - lo
-        cols: dict[str, np.ndarray] = {}
         if mpe:
-            if ctx.rank == 0 and from_querier:
-                for c in clients:
-                    ev = test.x[lo:hi][:, [test.features.index(f) for f in c.features]].copy()
-                    if target in c.features:
-                        ev[:, c.features.index(target)] = np.nan
-                    t.send(ev, c.rank, P.EVIDENCE)
-            if ctx.rank in client_at:
-                c = client_at[ctx.rank]
-                if from_querier:
-                    ev = t.recv(0, P.EVIDENCE)
-                    cols = {f: ev[:, j] for j, f in enumerate(c.features)}
-                else:
-                    cols = {f: own.x_test[lo:hi, j].copy() for j, f in enumerate(own.features)}
-                    if target in cols:
-                        cols[target][:] = np.nan
+            cols = exchange_evidence(t, ctx.rank, clients, test, own, lo, hi, target, from_querier,
+                                     blank_own_target=True)
             values, comps = max_upward_pass(t, fc, ctx.rank, cols, k)
             active = decision_pass(t, fc, ctx.rank, k,
                                    lambda node, a: mpe_route(node, [values[c] for c in node.children], a))

@@ -23,6 +23,38 @@ from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.runtime import fc_protocol as P
 
 
+def exchange_evidence(transport: Any, rank: int, clients: list[Any], test: Any, own: Any, lo: int, hi: int,
+                      target: str | None, from_querier: bool, blank_own_target: bool = False) -> Columns:
+    """One batch's evidence columns for this rank's sub-circuits (empty on a rank with no client).
+
+    With ``from_querier`` (horizontal inference) rank 0 sends each client the querier's own rows
+    ``test.x[lo:hi]`` restricted to that client's features (built once per feature set, the
+    ``target`` column blanked: the label never travels), and clients evaluate on what they got.
+    Otherwise each client reads its own test rows (``blank_own_target`` blanks the target there).
+    """
+    if rank == 0 and from_querier:
+        made: dict[tuple[str, ...], np.ndarray] = {}  # clients with the same features get one array
+        for c in clients:
+            ev = made.get(tuple(c.features))
+            if ev is None:
+                idx = [test.features.index(f) for f in c.features]
+                ev = made[tuple(c.features)] = test.x[lo:hi][:, idx]  # fancy indexing: a copy
+                if target in c.features:
+                    ev[:, c.features.index(target)] = np.nan
+            transport.send(ev, c.rank, P.EVIDENCE)
+    mine = [c for c in clients if c.rank == rank]
+    if not mine:
+        return {}
+    if from_querier:
+        ev = transport.recv(0, P.EVIDENCE)
+        return {f: ev[:, j] for j, f in enumerate(mine[0].features)}
+    cols = {f: own.x_test[lo:hi, j] for j, f in enumerate(own.features)}
+    if blank_own_target and target in cols:
+        cols[target] = cols[target].copy()
+        cols[target][:] = np.nan
+    return cols
+
+
 def node_width(fc: FederatedCircuit, nid: int, query: Query) -> int:
     """Columns of node ``nid``'s value in ``query``."""
     t = query.expand_target
