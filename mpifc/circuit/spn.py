@@ -2,17 +2,25 @@
 
 Wraps a root node and its :class:`~mpifc.circuit.compiled.CompiledCircuit`. LearnSPN/MSPN
 results and hand-built circuits are SPNs. HDF5 layout written by :meth:`SPN.save`
-(``model_type = "spn"``; nodes in :func:`~mpifc.circuit.graph.topological_order`, root last):
+(``model_type = "spn"``, ``attrs["layout"] = 2``; nodes in
+:func:`~mpifc.circuit.graph.topological_order`, root last). Index arrays use the smallest
+unsigned integer type that holds their largest value ("uint*"), since the same layout is what a
+client puts on the wire for each PC (:mod:`mpifc.federated.serialize`):
 
 * ``kind`` int8 ``(N,)``: 0 leaf, 1 product, 2 sum;
-* ``child_ptr`` int64 ``(N+1,)`` and ``child_idx`` int64 ``(E,)``: CSR children (node positions);
-* ``scope_ptr``/``scope_vars`` int64: CSR declared scopes of every node;
-* ``weights`` float64 ``(E,)``: edge weights (entries of non-sum edges are 0);
-* ``leaf_type`` int8 ``(N,)``: index into ``attrs["leaf_types"]`` (-1 for inner nodes);
+* ``n_children`` uint* ``(N,)`` and ``child_idx`` uint* ``(E,)``: children (node positions);
+* ``sum_weights`` float64: the edge weights of the sum nodes only, in node order;
+* ``leaf_var`` uint* ``(L,)``: the variable of each leaf, in node order;
+* ``leaf_type`` int8 ``(L,)``: index into ``attrs["leaf_types"]`` (only the types used; the
+  array is omitted when a single type is used);
+* ``scope_ptr``/``scope_vars`` uint* (CSR over the N nodes): written only when an inner node
+  declares a scope other than the union of its children's (else scopes are recomputed);
 * group ``leaves/<type_name>/<param>``: float64 parameters of that type's leaves, in node order;
-  ragged parameters are stored flat with a ``<param>.len`` int64 array.
+  ragged parameters are stored flat with a ``<param>.len`` uint* array; a non-ragged parameter
+  equal on every leaf of the type (e.g. ``min_var``) is stored once, as a length-1 array.
 
-Everything is float64/int64, so a round trip is bit-exact.
+Values round-trip bit-exactly. Files without ``attrs["layout"]`` (layout 1: int64 CSR arrays,
+``child_ptr``, per-node scopes, zero weights on product edges) still load.
 """
 from __future__ import annotations
 
@@ -105,82 +113,155 @@ class SPN:
         return cls(load_graph(group), dtype=getattr(torch, name))
 
 
+LAYOUT = 2
+
+
+def _small_uint(values: Any) -> np.ndarray:
+    """``values`` (non-negative integers) in the smallest unsigned dtype that holds them."""
+    a = np.asarray(values, dtype=np.int64).reshape(-1)
+    top = int(a.max()) if a.size else 0
+    for dt in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(dt).max:
+            return a.astype(dt)
+    return a
+
+
 def save_graph(root: G.Node, group: Any) -> None:
-    """Serialise the graph under ``root`` into ``group`` as flat arrays."""
+    """Serialise the graph under ``root`` into ``group`` as flat arrays (layout 2)."""
     order = G.topological_order(root)
     pos = {id(n): i for i, n in enumerate(order)}
-    names = list(LEAF_TYPES)
+    leaves_in_order = [n for n in order if isinstance(n, G.LeafNode)]
+    names = sorted({n.dist.type_name for n in leaves_in_order}, key=list(LEAF_TYPES).index)
     kind = np.array([_KIND[n.kind] for n in order], dtype=np.int8)
-    ptr = np.cumsum([0] + [len(n.children) for n in order]).astype(np.int64)
-    idx = np.array([pos[id(c)] for n in order for c in n.children], dtype=np.int64)
-    w = np.concatenate([n.weights if isinstance(n, G.SumNode) else np.zeros(len(n.children))
-                        for n in order]).astype(np.float64) if len(idx) else np.zeros(0)
-    sptr = np.cumsum([0] + [len(n.scope) for n in order]).astype(np.int64)
-    svars = np.array([v for n in order for v in n.scope], dtype=np.int64)
-    ltype = np.array([names.index(n.dist.type_name) if isinstance(n, G.LeafNode) else -1
-                      for n in order], dtype=np.int8)
-    for k, v in (("kind", kind), ("child_ptr", ptr), ("child_idx", idx), ("weights", w),
-                 ("scope_ptr", sptr), ("scope_vars", svars), ("leaf_type", ltype)):
-        group.create_dataset(k, data=v)
+    sums = [n for n in order if isinstance(n, G.SumNode)]
+    w = (np.concatenate([np.asarray(n.weights, dtype=np.float64) for n in sums]) if sums
+         else np.zeros(0, dtype=np.float64))
+    group.create_dataset("kind", data=kind)
+    group.create_dataset("n_children", data=_small_uint([len(n.children) for n in order]))
+    group.create_dataset("child_idx", data=_small_uint([pos[id(c)] for n in order for c in n.children]))
+    group.create_dataset("sum_weights", data=w)
+    group.create_dataset("leaf_var", data=_small_uint([n.var for n in leaves_in_order]))
+    ltype = np.array([names.index(n.dist.type_name) for n in leaves_in_order], dtype=np.int8)
+    if len(names) > 1:
+        group.create_dataset("leaf_type", data=ltype)
+    declared = [tuple(n.scope) for n in order]
+    if any(tuple(sorted(set().union(*(c.scope for c in n.children)))) != tuple(sorted(n.scope))
+           for n in order if not isinstance(n, G.LeafNode)):
+        group.create_dataset("scope_ptr", data=_small_uint(np.cumsum([0] + [len(s) for s in declared])))
+        group.create_dataset("scope_vars", data=_small_uint([v for s in declared for v in s]))
     group.attrs["leaf_types"] = names
+    group.attrs["layout"] = LAYOUT
     lg = group.create_group("leaves")
     for t, name in enumerate(names):
-        mine = [n.dist for n in order if isinstance(n, G.LeafNode) and ltype[pos[id(n)]] == t]
-        if not mine:
-            continue
+        mine = [n.dist for n, lt in zip(leaves_in_order, ltype) if lt == t]
         sub = lg.create_group(name)
         cls = LEAF_TYPES[name]
         for p in cls.param_names:
             arrs = [lf.params()[p] for lf in mine]
-            sub.create_dataset(p, data=np.concatenate([a.reshape(-1) for a in arrs]))
             if p in cls.ragged:
-                sub.create_dataset(p + ".len", data=np.array([a.size for a in arrs], dtype=np.int64))
+                sub.create_dataset(p, data=np.concatenate([a.reshape(-1) for a in arrs]))
+                sub.create_dataset(p + ".len", data=_small_uint([a.size for a in arrs]))
+                continue
+            flat = np.concatenate([a.reshape(-1) for a in arrs])
+            # One value shared by every leaf (a configuration such as min_var) is stored once;
+            # comparing bit patterns keeps -0.0/0.0 and NaNs exact.
+            same = flat.size > 1 and bool(np.all(flat.view(np.uint64) == flat[:1].view(np.uint64)))
+            sub.create_dataset(p, data=flat[:1] if same else flat)
+
+
+def _leaf_params(sub: Any, cls: Any, n: int) -> list[Any]:
+    """The ``n`` leaves of one type from their parameter group (either layout)."""
+    cols: dict[str, list[np.ndarray]] = {}
+    for p in cls.param_names:
+        if p == "tail" and p not in sub:  # written before leaves had tails: hard support
+            cols[p] = [np.array(0.0)] * n
+            continue
+        flat = sub[p][()]
+        if p in cls.ragged:
+            lens = np.asarray(sub[p + ".len"][()], dtype=np.int64)
+            if len(lens) != n or int(lens.sum()) != flat.size:
+                raise ValueError(f"{p}.len does not match {n} leaves of {flat.size} values")
+            cols[p] = np.split(flat, np.cumsum(lens)[:-1])
+        else:
+            if flat.size == 1 and n > 1:
+                flat = np.repeat(flat, n)
+            if flat.size != n:
+                raise ValueError(f"{p} holds {flat.size} values for {n} leaves")
+            cols[p] = [np.array(v) for v in flat]
+    return [cls.from_params({p: cols[p][i] for p in cls.param_names}) for i in range(n)]
 
 
 def load_graph(group: Any) -> G.Node:
     """Inverse of :func:`save_graph`; raises UserError naming the file on a malformed group."""
     where = f"{group.file.filename}:{group.name}"
+    layout = int(group.attrs.get("layout", 1))
+    if layout not in (1, LAYOUT):
+        raise UserError(f"{where}: unknown spn layout {layout} (this mpifc reads layouts 1 and {LAYOUT})")
     try:
         kind = group["kind"][()]
-        ptr, idx, w = group["child_ptr"][()], group["child_idx"][()], group["weights"][()]
-        sptr, svars = group["scope_ptr"][()], group["scope_vars"][()]
-        ltype = group["leaf_type"][()]
         names = [s.decode() if isinstance(s, bytes) else str(s) for s in group.attrs["leaf_types"]]
+        if layout == 1:
+            ptr = np.asarray(group["child_ptr"][()], dtype=np.int64)
+            idx = np.asarray(group["child_idx"][()], dtype=np.int64)
+            w_all = group["weights"][()]
+            sptr, svars = group["scope_ptr"][()], group["scope_vars"][()]
+            ltype_all = group["leaf_type"][()]
+            is_leaf = kind == 0
+            ltype = ltype_all[is_leaf]
+            leaf_var = np.array([svars[sptr[i]] for i in np.flatnonzero(is_leaf)], dtype=np.int64)
+            w = np.concatenate([w_all[ptr[i]:ptr[i + 1]] for i in np.flatnonzero(kind == 2)]) \
+                if np.any(kind == 2) else np.zeros(0)
+        else:
+            nch = np.asarray(group["n_children"][()], dtype=np.int64)
+            ptr = np.concatenate([[0], np.cumsum(nch)])
+            idx = np.asarray(group["child_idx"][()], dtype=np.int64)
+            w = group["sum_weights"][()]
+            leaf_var = np.asarray(group["leaf_var"][()], dtype=np.int64)
+            n_leaves = int((kind == 0).sum())
+            ltype = group["leaf_type"][()] if "leaf_type" in group else np.zeros(n_leaves, dtype=np.int8)
+            if "scope_ptr" in group:
+                sptr = np.asarray(group["scope_ptr"][()], dtype=np.int64)
+                svars = np.asarray(group["scope_vars"][()], dtype=np.int64)
+            else:
+                sptr = svars = None
+            if len(leaf_var) != n_leaves or len(ltype) != n_leaves:
+                raise ValueError(f"{n_leaves} leaves but {len(leaf_var)} leaf_var / {len(ltype)} leaf_type entries")
+        if len(ptr) != len(kind) + 1 or int(ptr[-1]) != len(idx):
+            raise ValueError("children arrays do not match the node count")
         leaves: dict[int, list[Any]] = {}
         for t, name in enumerate(names):
-            if name not in group["leaves"]:
-                continue
-            cls = LEAF_TYPES[name]
-            sub = group["leaves"][name]
             n = int((ltype == t).sum())
-            cols: dict[str, list[np.ndarray]] = {}
-            for p in cls.param_names:
-                if p == "tail" and p not in sub:  # written before leaves had tails: hard support
-                    cols[p] = [np.array(0.0)] * n
-                    continue
-                flat = sub[p][()]
-                if p in cls.ragged:
-                    cuts = np.cumsum(sub[p + ".len"][()])[:-1]
-                    cols[p] = np.split(flat, cuts)
-                else:
-                    cols[p] = [np.array(v) for v in flat]
-            leaves[t] = [cls.from_params({p: cols[p][i] for p in cls.param_names}) for i in range(n)]
+            if n == 0:
+                continue
+            if name not in LEAF_TYPES:
+                raise UserError(f"{where}: unknown leaf type {name!r}")
+            leaves[t] = _leaf_params(group["leaves"][name], LEAF_TYPES[name], n)
     except (KeyError, ValueError, IndexError) as e:
         raise UserError(f"{where}: malformed spn group ({e})") from None
     nodes: list[G.Node] = []
     used = {t: 0 for t in leaves}
+    n_leaf = 0
+    w_at = 0
     for i, k in enumerate(kind):
-        scope = svars[sptr[i]:sptr[i + 1]]
-        kids = [nodes[j] for j in idx[ptr[i]:ptr[i + 1]]]
+        kids_idx = idx[ptr[i]:ptr[i + 1]]
+        if np.any(kids_idx >= i):
+            raise UserError(f"{where}: node {i} has a child that is not before it (not a topological order)")
+        kids = [nodes[j] for j in kids_idx]
+        scope = None if layout == 2 and sptr is None else svars[sptr[i]:sptr[i + 1]]
         if k == 0:
-            t = int(ltype[i])
-            nodes.append(G.LeafNode(int(scope[0]), leaves[t][used[t]]))
+            t = int(ltype[n_leaf])
+            nodes.append(G.LeafNode(int(leaf_var[n_leaf]), leaves[t][used[t]]))
             used[t] += 1
+            n_leaf += 1
         elif k == 1:
             nodes.append(G.ProductNode(kids, scope=scope))
         elif k == 2:
-            sn = G.SumNode(kids, w[ptr[i]:ptr[i + 1]], scope=scope)
-            sn.weights = np.array(w[ptr[i]:ptr[i + 1]], dtype=np.float64)
+            wi = np.array(w[w_at: w_at + len(kids)], dtype=np.float64)
+            if len(wi) != len(kids):
+                raise UserError(f"{where}: sum_weights too short for the sum node at position {i}")
+            w_at += len(kids)
+            sn = G.SumNode(kids, wi, scope=scope)
+            sn.weights = wi
             nodes.append(sn)
         else:
             raise UserError(f"{where}: unknown node kind {k} at position {i}")

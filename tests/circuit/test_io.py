@@ -47,7 +47,7 @@ def test_spn_round_trip_is_bit_identical(tmp_path: Path) -> None:
     # and a second save of the loaded model writes the same arrays
     save_model_file(back, tmp_path / "m2.h5")
     with h5py.File(tmp_path / "m.h5") as a, h5py.File(tmp_path / "m2.h5") as b:
-        for k in ("kind", "child_ptr", "child_idx", "weights", "leaf_type"):
+        for k in ("kind", "n_children", "child_idx", "sum_weights", "leaf_var", "leaf_type"):
             np.testing.assert_array_equal(a["model"][k][()], b["model"][k][()])
 
 
@@ -109,3 +109,99 @@ def test_float32_spn_round_trip_keeps_dtype(tmp_path: Path) -> None:
     x = _probe(3, 4)
     assert back.log_likelihood(x).dtype == torch.float32
     assert torch.equal(back.log_likelihood(x), spn.log_likelihood(x))
+
+
+def _write_layout1(root, group) -> None:
+    """The layout-1 writer of session 1 (int64 CSR arrays, every node's scope, zero product
+    weights, every known leaf type listed), kept here to prove old files still load."""
+    from mpifc.circuit import graph as G
+    from mpifc.circuit.leaves import LEAF_TYPES
+
+    order = G.topological_order(root)
+    pos = {id(n): i for i, n in enumerate(order)}
+    names = list(LEAF_TYPES)
+    kinds = {"leaf": 0, "product": 1, "sum": 2}
+    group.create_dataset("kind", data=np.array([kinds[n.kind] for n in order], dtype=np.int8))
+    group.create_dataset("child_ptr", data=np.cumsum([0] + [len(n.children) for n in order]).astype(np.int64))
+    group.create_dataset("child_idx", data=np.array([pos[id(c)] for n in order for c in n.children], dtype=np.int64))
+    group.create_dataset("weights", data=np.concatenate(
+        [n.weights if isinstance(n, SumNode) else np.zeros(len(n.children)) for n in order]).astype(np.float64))
+    group.create_dataset("scope_ptr", data=np.cumsum([0] + [len(n.scope) for n in order]).astype(np.int64))
+    group.create_dataset("scope_vars", data=np.array([v for n in order for v in n.scope], dtype=np.int64))
+    group.create_dataset("leaf_type", data=np.array(
+        [names.index(n.dist.type_name) if isinstance(n, LeafNode) else -1 for n in order], dtype=np.int8))
+    group.attrs["leaf_types"] = names
+    group.attrs["model_type"] = "spn"
+    group.attrs["dtype"] = "float64"
+    lg = group.create_group("leaves")
+    for t, name in enumerate(names):
+        mine = [n.dist for n in order if isinstance(n, LeafNode) and n.dist.type_name == name]
+        if not mine:
+            continue
+        cls = LEAF_TYPES[name]
+        sub = lg.create_group(name)
+        for p in cls.param_names:
+            arrs = [lf.params()[p] for lf in mine]
+            sub.create_dataset(p, data=np.concatenate([a.reshape(-1) for a in arrs]))
+            if p in cls.ragged:
+                sub.create_dataset(p + ".len", data=np.array([a.size for a in arrs], dtype=np.int64))
+
+
+def test_layout1_files_still_load(tmp_path: Path) -> None:
+    spn = _mixed_circuit()
+    x = _probe(len(LEAF_KINDS))
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        _write_layout1(spn.root, f.create_group("model"))
+    back = load_model_file(tmp_path / "old.h5")
+    assert torch.equal(back.log_likelihood(x), spn.log_likelihood(x))
+    np.testing.assert_array_equal(back.sample(20, 5), spn.sample(20, 5))
+
+
+def test_layout2_is_compact_and_exact(tmp_path: Path) -> None:
+    """Small circuits get uint8 indices, product edges carry no weights, shared leaf settings
+    are stored once, and the file is much smaller than layout 1."""
+    from mpifc.circuit.leaves import Gaussian
+
+    rng = np.random.default_rng(1)
+    comps = [ProductNode([LeafNode(v, Gaussian(rng.normal(), 0.5 + rng.random(), min_var=1e-3, max_var=4.0))
+                          for v in range(6)]) for _ in range(5)]
+    spn = SPN(SumNode(comps, rng.dirichlet(np.ones(5))))
+    save_model_file(spn, tmp_path / "new.h5")
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        _write_layout1(spn.root, f.create_group("model"))
+
+    def payload(path: Path) -> int:
+        total = []
+        with h5py.File(path) as f:
+            f["model"].visititems(lambda _, o: total.append(o.nbytes) if isinstance(o, h5py.Dataset) else None)
+        return sum(total)
+
+    with h5py.File(tmp_path / "new.h5") as f:
+        g = f["model"]
+        assert g.attrs["layout"] == 2 and list(g.attrs["leaf_types"]) == ["gaussian"]
+        assert g["child_idx"].dtype == np.uint8 and g["leaf_var"].dtype == np.uint8
+        assert g["sum_weights"].shape == (5,) and "leaf_type" not in g and "scope_vars" not in g
+        assert g["leaves/gaussian/min_var"].shape == (1,) and g["leaves/gaussian/mean"].shape == (30,)
+    assert payload(tmp_path / "new.h5") < 0.5 * payload(tmp_path / "old.h5")
+    x = rng.normal(size=(50, 6))
+    back = load_model_file(tmp_path / "new.h5")
+    assert torch.equal(back.log_likelihood(x), spn.log_likelihood(x))
+
+
+def test_declared_scopes_survive_a_round_trip(tmp_path: Path) -> None:
+    """An inner node whose declared scope is not its children's union keeps it (scopes written)."""
+    from mpifc.circuit import graph as G
+    from mpifc.circuit.leaves import Bernoulli
+
+    leaf = LeafNode(0, Bernoulli(0.3))
+    prod = ProductNode([leaf, LeafNode(2, Bernoulli(0.6))], scope=(0, 1, 2))
+    spn_root = SumNode([prod], [1.0])
+    g_order = G.topological_order(spn_root)
+    with h5py.File(tmp_path / "m.h5", "w") as f:
+        grp = f.create_group("model")
+        from mpifc.circuit.spn import save_graph, load_graph
+
+        save_graph(spn_root, grp)
+        assert "scope_vars" in grp
+        back = load_graph(grp)
+    assert [tuple(n.scope) for n in G.topological_order(back)] == [tuple(n.scope) for n in g_order]
