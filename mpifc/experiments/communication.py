@@ -211,12 +211,13 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
                     "phase train)",
         "formula": "mpifc.analysis.commcost; FedPC: sum of the client PCs' array bytes (parameters + structure, "
                    "read from the trained model) + 24 B of counts per PC; baselines: float32, down and up",
-        "format B": "measured - formula: what the wire format adds around the arrays; '8+H per PC' is that "
-                    "overhead computed from the blobs (mpifc.federated.serialize: 8 + JSON header length)",
+        "format B": "measured - formula: what the wire format adds around the arrays; 'wire header B' is that "
+                    "overhead computed from the blobs, summed over the PCs (mpifc.federated.serialize wire "
+                    "version 2: magic, version, header length and binary header per PC)",
         "headers B / control B": "runtime per-message headers of the counted messages / every other message",
         "paper form": "|C|(M+1) or KM|C|+P with M = parameter count, 4 B each (no structure)",
     }) + "\n" + markdown_table(["dataset", "setting", "clients", "method", "measured payload B", "formula B",
-                                "measured / formula", "format B", "8+H per PC B", "headers B", "control B", "total B",
+                                "measured / formula", "format B", "wire header B", "headers B", "control B", "total B",
                                 "paper form B"], table)
     md += "\n\nMeasured ratios:\n\n" + markdown_table(["where", "ratio", "value", "claim holds"], ratios)
     md += (f"\n\nThe claims at paper-like sizes (closed forms; |C|={sc.n_clients}, FedAvg K={sc.rounds} rounds, "

@@ -79,21 +79,28 @@ MIS_CAP_FRACTION = 0.1
 
 
 def capped_hp(hp: dict[str, Any], shards: Path, fraction: float = MIS_CAP_FRACTION) -> dict[str, Any]:
-    """Table 4's LearnSPN settings with ``min_instances_slice`` capped at ``fraction`` of the
-    smallest client's training rows (at least 10).
+    """Table 4's LearnSPN settings as the experiments run them: SPFlow's RDC convention
+    (:data:`mpifc.experiments.paper.SPFLOW_RDC`, unless ``hp`` sets its own) and
+    ``min_instances_slice`` capped at ``fraction`` of the smallest client's training rows (at
+    least 10).
 
     Table 4's 300 rows exceed a breast-cancer client's rows; LearnSPN then never splits rows and
     returns a fully factorized leaf, in which the label is independent of the features (it then
     predicts the majority class). The paper's value is kept as ``min_instances_slice_paper``.
+    Every experiment building its LearnSPN settings here gets the same arguments for the same
+    cell, so identical runs are shared through :func:`cached_job`.
     """
     if "min_instances_slice" not in hp:
         return dict(hp)
     from data_prep.shards import load_manifest
+    from mpifc.experiments.paper import SPFLOW_RDC
 
     n = min(int(c["n_train"]) for c in load_manifest(shards).clients)
     cap = max(10, int(fraction * n))
-    return {**hp, "min_instances_slice": min(int(hp["min_instances_slice"]), cap),
-            "min_instances_slice_paper": int(hp["min_instances_slice"])}
+    out = {**hp, **{k: v for k, v in SPFLOW_RDC.items() if k not in hp}}
+    out["min_instances_slice"] = min(int(hp["min_instances_slice"]), cap)
+    out["min_instances_slice_paper"] = int(hp["min_instances_slice"])
+    return out
 
 
 def cached_job(launcher: Launcher, runs: Path, module: str, ranks: int, args: list[str],
@@ -208,29 +215,38 @@ def evaluate_fc(shards: Path, model: Path, npz: Path | None = None) -> dict[str,
     return out
 
 
-def central_learnspn(central_shards: Path, threshold: float, min_instances_slice: int, seed: int
-                     ) -> dict[str, Any]:
-    """Centralized LearnSPN on the one-client shards, timed in this process.
+def central_learnspn(central_shards: Path, threshold: float, min_instances_slice: int, seed: int,
+                     **learner_hp: Any) -> dict[str, Any]:
+    """Centralized LearnSPN on the one-client shards, timed in this process as FedPC's clients are.
+
+    Like a client rank, this process first warms up (:func:`mpifc.runtime.fc_train.warm_up`:
+    imports and one tiny fit, no data) and then counts CPU seconds (``time.process_time``), the
+    unit of FedPC's ``train_seconds_critical_path``; wall seconds on a shared machine would
+    count other processes' load on this side only. ``learner_hp``: further :func:`learn_spn`
+    options (e.g. the RDC convention), the same as the federated clients get.
 
     Returns:
-        ``seconds`` (structure learning + parameters), ``test_ll`` (mean nats per test row over
-        every column, the target included, as FedPC's), ``rows``.
+        ``seconds`` (CPU seconds of structure learning + parameters), ``wall_seconds``,
+        ``test_ll`` (mean nats per test row over every column, the target included, as
+        FedPC's), ``rows``.
     """
     from data_prep.shards import load_manifest, read_client, read_test
     from mpifc.circuit.learnspn import learn_spn
+    from mpifc.runtime.fc_train import warm_up
 
     m = load_manifest(central_shards)
     shard = read_client(central_shards, 0)
     order = m.feature_order
     x = shard.x_train[:, [shard.features.index(f) for f in order]]
-    import torch  # noqa: F401 - imported before the clock starts, as fc_train's warm_up does
+    warm_up({"learnspn"}, cluster=False, fit=True)  # as every client rank does before its clock
 
-    t0 = time.perf_counter()
-    spn = learn_spn(x, m.meta_types(order), threshold=threshold, min_instances_slice=min_instances_slice, seed=seed)
-    seconds = time.perf_counter() - t0
+    c0, w0 = time.process_time(), time.perf_counter()
+    spn = learn_spn(x, m.meta_types(order), threshold=threshold, min_instances_slice=min_instances_slice, seed=seed,
+                    **learner_hp)
+    seconds, wall = time.process_time() - c0, time.perf_counter() - w0
     test = read_test(central_shards)
     ll = np.asarray(spn.log_likelihood(test.x[:, [test.features.index(f) for f in order]]), dtype=np.float64)
-    return {"seconds": seconds, "test_ll": float(ll.mean()), "rows": int(x.shape[0]),
+    return {"seconds": seconds, "wall_seconds": wall, "test_ll": float(ll.mean()), "rows": int(x.shape[0]),
             "test_rows": int(test.x.shape[0])}
 
 

@@ -11,7 +11,13 @@ from typing import Any, Sequence
 
 from mpifc.errors import UserError
 
-KNOWN_DATASETS = ("breast-cancer", "adult", "credit", "mnist")
+KNOWN_DATASETS = ("breast-cancer", "adult", "credit", "mnist", "imagenet32")
+"""``--datasets`` names. ``imagenet32:K`` (the first K training batches, see
+:mod:`data_prep.image_sets`) is accepted as well; table2 runs image sets, the tables of tabular
+sets skip them. ``image-folder`` needs a folder (``--path``), which experiments do not take."""
+# Datasets that take a ``:SUFFIX`` (data_prep reads part of them).
+SUFFIXED_DATASETS = ("imagenet32",)
+KNOWN_METHODS = ("fc-pc", "fc-dt", "fedavg", "splitnn", "hgb")
 KNOWN_SETTINGS = ("horizontal", "vertical", "hybrid")
 
 
@@ -39,12 +45,14 @@ def parse_int_list(spec: str, what: str) -> list[int]:
     return sorted(out)
 
 
-def parse_names(spec: str | None, known: Sequence[str], what: str) -> list[str] | None:
-    """Comma-separated names, each one of ``known`` (``None`` when not given)."""
+def parse_names(spec: str | None, known: Sequence[str], what: str,
+                suffixed: Sequence[str] = ()) -> list[str] | None:
+    """Comma-separated names, each one of ``known`` or ``NAME:SUFFIX`` for a NAME in ``suffixed``
+    (``None`` when not given)."""
     if spec is None:
         return None
     items = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [s for s in items if s not in known]
+    bad = [s for s in items if s not in known and not (s.partition(":")[0] in suffixed and s.partition(":")[2])]
     if bad or not items:
         raise UserError(f"{what}: unknown {', '.join(map(repr, bad)) or 'empty list'}; known: {', '.join(known)}")
     return items
@@ -60,6 +68,8 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="reduced version (small data, few ranks), for tests")
     p.add_argument("--datasets", default=None, metavar="LIST",
                    help=f"comma-separated subset of {','.join(KNOWN_DATASETS)}")
+    p.add_argument("--methods", default=None, metavar="LIST",
+                   help=f"table7: comma-separated subset of {','.join(KNOWN_METHODS)} (default: all)")
     p.add_argument("--settings", default=None, metavar="LIST",
                    help=f"comma-separated subset of {','.join(KNOWN_SETTINGS)}")
     p.add_argument("--ranks", default=None, metavar="LIST", help="rank counts of the scaling sweep, e.g. 2,4,8,16,32")
@@ -76,12 +86,15 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword options an experiment's ``run`` receives (validated)."""
     opts: dict[str, Any] = {"progress": not getattr(args, "no_progress", False)}
-    ds = parse_names(getattr(args, "datasets", None), KNOWN_DATASETS, "--datasets")
+    ds = parse_names(getattr(args, "datasets", None), KNOWN_DATASETS, "--datasets", SUFFIXED_DATASETS)
     if ds:
         opts["datasets"] = ds
     st = parse_names(getattr(args, "settings", None), KNOWN_SETTINGS, "--settings")
     if st:
         opts["settings"] = st
+    ms = parse_names(getattr(args, "methods", None), KNOWN_METHODS, "--methods")
+    if ms:
+        opts["methods"] = ms
     if getattr(args, "ranks", None):
         ranks = parse_int_list(args.ranks, "--ranks")
         if min(ranks) < 2:

@@ -40,6 +40,11 @@ LABELS = {"fc-pc": "FC[PC]", "fc-dt": "FC[DT]", "fedavg": "FedAvg-MLP", "splitnn
 METRICS = ("accuracy", "f1", "bytes_train")
 
 
+def is_image_set(dataset: str) -> bool:
+    """Image sets (table2's) are not classified here."""
+    return dataset.partition(":")[0] in ("mnist", "imagenet32", "image-folder")
+
+
 def tabnet_note() -> str:
     """Why the baselines are MLPs, as found here (recorded in the markdown)."""
     import importlib.util
@@ -63,16 +68,18 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         settings: Sequence[str] | None = None, max_rows: int | None = None, shards: str | Path | None = None,
         timeout: float | None = None, progress: bool = True, launcher: Launcher | None = None,
         grid: Sequence[tuple[str, int]] | None = None, methods: Sequence[str] | None = None,
-        **_: Any) -> dict[str, Any]:
+        run_missing: bool = True, **_: Any) -> dict[str, Any]:
     """Run (or resume) Table 7 into ``out_dir``; returns the summary (files, counts, markdown).
 
     Args:
         grid: (setting, clients) pairs (default: the paper's, or a 2-client quick grid).
         methods: restrict to these methods (default: all that apply to a setting).
+        run_missing: ``False``: run nothing, only tabulate the cells already in ``out_dir``
+            (e.g. after runs over parts of the grid; each row says over how many seeds).
     """
     out = Path(out_dir)
     store = ResultStore(out)
-    datasets = [d for d in (datasets or (("breast-cancer",) if quick else DATASETS)) if d != "mnist"]
+    datasets = [d for d in (datasets or (("breast-cancer",) if quick else DATASETS)) if not is_image_set(d)]
     grid = [g for g in (grid or (QUICK_GRID if quick else GRID)) if not settings or g[0] in settings]
     rows = max_rows if max_rows is not None else (QUICK_ROWS if quick else None)
     cache = ShardCache(shards or out / "shards")
@@ -87,6 +94,9 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
             for st, k in grid:
                 cells += [Cell(ds, st, k, m, seed) for m in METHODS[st] if not methods or m in methods]
 
+    if not run_missing:
+        cells = [c for c in cells if store.done(c)]
+
     def work(cell: Cell) -> dict[str, Any]:
         if cell.method == "hgb":
             d = cache.get(ShardSpec(cell.dataset, "central", 1, cell.seed, max_rows=rows))
@@ -95,9 +105,9 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         owner = "all" if cell.method == "fc-dt" and cell.setting == "vertical" else None
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows, label_owner=owner))
         if cell.method in ("fc-pc", "fc-dt"):
-            thr, mis, glue = paper.TABLE4[cell.setting][cell.dataset]
+            spn_hp, glue = paper.learnspn_hp(cell.setting, cell.dataset)
             learner = "learnspn" if cell.method == "fc-pc" else "dt"
-            hp = capped_hp({"threshold": thr, "min_instances_slice": mis}, d) if learner == "learnspn" else {}
+            hp = capped_hp(spn_hp, d) if learner == "learnspn" else {}
             tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=glue, seed=cell.seed, hp=hp)
             model = Path(tr["model_path"])
             ev = evaluate_fc(d, model, npz=model.with_suffix(".test.npz"))
@@ -151,18 +161,29 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
     table.append(row)
     b = budgets(quick)
     md = provenance("Table 7: classification in federated settings", seeds, quick, {
-        "rows per dataset": rows or "all",
+        "methods run": ", ".join(LABELS[m] for m in LABELS if any(r["method"] == m for r in records))
+                       + " (other rows: '–')",
+        "rows per dataset": f"at most {rows} (stratified subsample; smaller sets whole)" if rows else "all",
         "F1": "macro F1 for every method (the paper's credit baselines at 0.48 imply macro)",
         "baselines": f"{tabnet_note()}; FedAvg-MLP {b['rounds']} rounds x 1 local epoch, SplitNN-MLP "
                      f"{b['epochs']} epochs",
         "FC[DT] vertical": "every client holds the label column (label_owner=all)",
-        "FC[PC] hyperparameters": "Table 4; min_instances_slice capped at 10% of the smallest client's rows",
+        "FC[PC] hyperparameters": "Table 4; min_instances_slice capped at 10% of the smallest client's rows; "
+                                  "RDC as SPFlow's LearnSPN, which the paper used (k=20, ties ranked in row "
+                                  "order: rdc_ties=ordinal; see mpifc.experiments.paper.SPFLOW_RDC)",
+        "preprocessing": "as the paper's appendix E.1 (target-encoded categoricals, median imputation, "
+                         "standardized features); rows: see above (the paper used every row)",
         "FedTree": "not reproduced (no Python implementation); paper values listed from its Table 7",
     }) + "\n" + markdown_table(header, table) + "\n"
     matches = paper_matches(agg, datasets, grid)
     if matches:
+        tally = {}
+        for r in matches:
+            n, k = tally.get(r[0], (0, 0))
+            tally[r[0]] = (n + (r[-1] == "yes"), k + 1)
         md += ("\nFC[PC] against the paper (matches = ours >= paper - one std, the larger of the two stds):\n\n"
-               + markdown_table(["dataset", "setting", "metric", "ours", "paper", "matches"], matches) + "\n")
+               + markdown_table(["dataset", "setting", "metric", "seeds", "ours", "paper", "matches"], matches)
+               + "\n\nMatches: " + ", ".join(f"{ds} {n}/{k}" for ds, (n, k) in tally.items()) + "\n")
     from mpifc.atomic import atomic_write_text
 
     files.append(atomic_write_text(out / "table7.md", md))
@@ -187,7 +208,7 @@ def paper_matches(agg: list[dict[str, Any]], datasets: Sequence[str], grid: Sequ
                     continue
                 mu, sd = a[f"{metric}_mean"], a[f"{metric}_std"]
                 ok = mu >= p[0] - max(p[1], sd if sd == sd else 0.0)
-                rows.append([ds, f"{st} {k}", metric, fmt(mu, sd), paper_fmt(p), "yes" if ok else "no"])
+                rows.append([ds, f"{st} {k}", metric, str(a["seeds"]), fmt(mu, sd), paper_fmt(p), "yes" if ok else "no"])
     return rows
 
 

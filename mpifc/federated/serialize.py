@@ -16,11 +16,11 @@ Files are written atomically (temp file in the target folder, then rename), so a
 leaves a half-written model behind.
 
 Leaf models travel between ranks in a compact wire format instead (:func:`model_to_bytes`): the
-model's own ``save`` writes into a dict-backed :class:`WireGroup`, and the blob is an 8-byte
-header length, a JSON header and the raw arrays, exactly ``8 + H + Σ nbytes`` bytes (``H`` = the
-header's length, a few hundred bytes for a LearnSPN SPN). The server of a training job keeps the
-received models as :class:`WireModel` (decoded, not rebuilt) and writes them into the file
-verbatim, so the file holds what each client's ``save`` wrote.
+model's own ``save`` writes into a dict-backed :class:`WireGroup`, and the blob is a 4-byte magic
+and version, the header length, a binary self-describing header and the raw arrays (the header
+is a few dozen bytes for a LearnSPN SPN; the rest is exactly its arrays' bytes). The server of
+a training job keeps the received models as :class:`WireModel` (decoded, not rebuilt) and
+writes them into the file verbatim, so the file holds what each client's ``save`` wrote.
 """
 from __future__ import annotations
 
@@ -157,8 +157,29 @@ def fc_from_bytes(data: np.ndarray, load_models: bool = False) -> FederatedCircu
 
 
 # -- compact wire format of one leaf model ---------------------------------------------------
-WIRE_VERSION = 1
-_LEN = 8  # bytes of the little-endian uint64 header length that opens every blob
+_MAGIC = b"FCW"  # opens every blob, followed by one byte: the wire version
+WIRE_VERSION = 2  # 1 (JSON header behind a uint64 length) was never written to disk: not read
+# dtype codes of the header (1 + index; 0 marks a subgroup, 255 a dtype spelled out as a string)
+_DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16")
+_GROUP, _DTYPE_STR = 0, 255
+_STR, _SCALAR, _ARRAY, _STR_ARRAY, _INT64 = range(5)  # attribute tags (_INT64: zigzag varint)
+_MAX_NDIM = 32
+# Strings every header may refer to by index without spelling them out: the names the library's
+# own model writers use most (model types, the SPN layouts, leaf types and their parameters,
+# FactorizedModel, the FC-DT tree). Any other string is spelled out on first use, so a writer
+# that changes or adds names still round-trips, with a longer header. The table is part of wire
+# version 2: changing it makes a new version (bump WIRE_VERSION).
+_STATIC_STRINGS = (
+    "model_type", "dtype", "float64", "float32", "layout", "scope",
+    "spn", "factorized", "fcdt_tree", "ratspn", "einet",
+    "kind", "n_children", "child_ptr", "child_idx", "weights", "sum_weights", "leaf_var", "leaf_type",
+    "leaf_types", "scope_ptr", "scope_vars", "leaves",
+    "gaussian", "bernoulli", "categorical", "histogram", "piecewise_linear", "discretized_gaussian",
+    "mean", "var", "min_var", "max_var", "p", "alpha", "probs", "probs.len", "breaks", "breaks.len",
+    "densities", "densities.len", "discrete", "tail", "xs", "xs.len", "ys", "ys.len", "levels", "bin_width",
+    "meta_types", "n_categories", "log_probs",
+    "d", "target_index", "left", "right", "feature", "threshold",
+)
 
 
 class _WireFile:
@@ -272,59 +293,185 @@ def _attr_value(v: Any) -> Any:
     raise TypeError(f"attribute value {v!r} ({type(v).__name__}) cannot go on the wire")
 
 
-def _attr_json(v: Any) -> list[Any]:
-    """Tagged JSON of one attribute: ``["s", str]``, ``[dtype, scalar]``, ``["U", shape, strs]``
-    or ``["A" + dtype, shape, values]``."""
-    if isinstance(v, str):
-        return ["s", v]
-    if isinstance(v, np.ndarray):
-        if v.dtype == object:
-            return ["U", list(v.shape), [str(s) for s in v.reshape(-1)]]
-        return ["A" + v.dtype.str, list(v.shape), v.reshape(-1).tolist()]
-    return [v.dtype.str, v.item()]
+class _HeaderWriter:
+    """Binary header of wire version 2 (see :func:`model_to_bytes`)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self._strings: dict[str, int] = {t: i for i, t in enumerate(_STATIC_STRINGS)}
+
+    def uint(self, n: int) -> None:
+        """Unsigned LEB128: 7 bits a byte, high bit set on all but the last."""
+        if n < 0:
+            raise ValueError(f"negative length {n}")
+        while n > 0x7F:
+            self.out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        self.out.append(n)
+
+    def string(self, s: str) -> None:
+        """A string in the table (the static strings, then those spelled out so far):
+        ``2·index + 1``; any other: ``2·len`` and its UTF-8 bytes, and it joins the table."""
+        i = self._strings.get(s)
+        if i is not None:
+            self.uint(2 * i + 1)
+            return
+        self._strings[s] = len(self._strings)
+        raw = s.encode()
+        self.uint(2 * len(raw))
+        self.out += raw
+
+    def dtype(self, dt: np.dtype) -> None:
+        if dt.str in _DTYPES:
+            self.out.append(_DTYPES.index(dt.str) + 1)
+        else:
+            self.out.append(_DTYPE_STR)
+            self.string(dt.str)
+
+    def shape(self, shape: tuple[int, ...]) -> None:
+        self.uint(len(shape))
+        for d in shape:
+            self.uint(int(d))
+
+    def attr(self, v: Any) -> None:
+        if isinstance(v, str):
+            self.out.append(_STR)
+            self.string(v)
+        elif isinstance(v, np.ndarray) and v.dtype == object:
+            self.out.append(_STR_ARRAY)
+            self.shape(v.shape)
+            for s in v.reshape(-1):
+                self.string(str(s))
+        elif isinstance(v, np.ndarray):
+            self.out.append(_ARRAY)
+            self.dtype(v.dtype)
+            self.shape(v.shape)
+            self.out += np.ascontiguousarray(v).tobytes()
+        elif v.dtype == np.int64:  # the common integer attribute: a zigzag varint, not 8 bytes
+            self.out.append(_INT64)
+            n = int(v)
+            self.uint(2 * n if n >= 0 else -2 * n - 1)
+        else:
+            self.out.append(_SCALAR)
+            self.dtype(v.dtype)
+            self.out += v.tobytes()
+
+    def group(self, g: WireGroup, arrays: list[np.ndarray]) -> None:
+        """Attributes, then members in insertion order (a subgroup recursively, a dataset as
+        dtype and shape, its bytes appended to ``arrays``: the blob's data section, in order)."""
+        self.uint(len(g.attrs))
+        for k, v in g.attrs.items():
+            self.string(k)
+            self.attr(v)
+        self.uint(len(g._members))
+        for k, v in g._members.items():
+            self.string(k)
+            if isinstance(v, WireGroup):
+                self.out.append(_GROUP)
+                self.group(v, arrays)
+            else:
+                self.dtype(v.dtype)
+                self.shape(v.shape)
+                arrays.append(v)
 
 
-def _attr_from_json(t: list[Any]) -> Any:
-    tag = t[0]
-    if tag == "s":
-        return str(t[1])
-    if tag == "U":
-        return np.array(t[2], dtype=object).reshape(t[1])
-    if tag.startswith("A"):
-        return np.array(t[2], dtype=np.dtype(tag[1:])).reshape(t[1])
-    return np.dtype(tag).type(t[1])
+class _HeaderReader:
+    """Inverse of :class:`_HeaderWriter` over ``buf[pos:end]``; datasets are cut from the data
+    section starting at ``data`` (ValueError/IndexError on anything malformed)."""
+
+    def __init__(self, buf: memoryview, pos: int, end: int) -> None:
+        self.buf, self.pos, self.end, self.data = buf, pos, end, end
+        self._strings: list[str] = list(_STATIC_STRINGS)
+
+    def take(self, n: int) -> memoryview:
+        if self.pos + n > self.end:
+            raise ValueError("header ends early")
+        out = self.buf[self.pos: self.pos + n]
+        self.pos += n
+        return out
+
+    def byte(self) -> int:
+        return self.take(1)[0]
+
+    def uint(self) -> int:
+        n = shift = 0
+        while True:
+            b = self.byte()
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return n
+            shift += 7
+            if shift > 63:
+                raise ValueError("integer longer than 64 bits in the header")
+
+    def string(self) -> str:
+        v = self.uint()
+        if v & 1:
+            return self._strings[v >> 1]
+        s = bytes(self.take(v >> 1)).decode()
+        self._strings.append(s)
+        return s
+
+    def dtype(self, code: int) -> np.dtype:
+        if 1 <= code <= len(_DTYPES):
+            return np.dtype(_DTYPES[code - 1])
+        if code == _DTYPE_STR:
+            dt = np.dtype(self.string())
+            if dt.kind in "biufc":
+                return dt
+        raise ValueError(f"unknown dtype code {code}")
+
+    def shape(self) -> tuple[int, ...]:
+        nd = self.uint()
+        if nd > _MAX_NDIM:
+            raise ValueError(f"{nd} dimensions")
+        return tuple(self.uint() for _ in range(nd))
+
+    def attr(self) -> Any:
+        tag = self.byte()
+        if tag == _STR:
+            return self.string()
+        if tag == _SCALAR:
+            dt = self.dtype(self.byte())
+            return np.frombuffer(self.take(dt.itemsize), dtype=dt)[0]
+        if tag == _ARRAY:
+            dt = self.dtype(self.byte())
+            shape = self.shape()
+            return np.frombuffer(self.take(dt.itemsize * _size(shape)), dtype=dt).reshape(shape).copy()
+        if tag == _INT64:
+            z = self.uint()
+            return np.int64(z >> 1 if not z & 1 else -(z >> 1) - 1)
+        if tag == _STR_ARRAY:
+            shape = self.shape()
+            n = _size(shape)
+            if n > self.end - self.pos:  # every string takes at least one byte
+                raise ValueError("string array longer than the header")
+            return np.array([self.string() for _ in range(n)], dtype=object).reshape(shape)
+        raise ValueError(f"unknown attribute tag {tag}")
+
+    def group(self, g: WireGroup) -> None:
+        for _ in range(self.uint()):
+            k = self.string()
+            dict.__setitem__(g.attrs, k, self.attr())
+        for _ in range(self.uint()):
+            name, code = self.string(), self.byte()
+            if code == _GROUP:
+                self.group(g.create_group(name))
+                continue
+            dt = self.dtype(code)
+            shape = self.shape()
+            n = dt.itemsize * _size(shape)
+            if self.data + n > len(self.buf):
+                raise ValueError(f"dataset {g.name}/{name} runs past the end of the blob")
+            g._members[name] = np.frombuffer(self.buf[self.data: self.data + n], dtype=dt).reshape(shape).copy()
+            self.data += n
 
 
-def _tree(g: WireGroup, arrays: list[np.ndarray]) -> list[Any]:
-    """Header of group ``g``: ``[attrs, [[name, dtype, shape], ...], {name: subgroup}]``; the
-    datasets' bytes are appended to ``arrays`` in the same (depth-first) order."""
-    attrs = {k: _attr_json(v) for k, v in g.attrs.items()}
-    dsets, groups = [], {}
-    for k, v in g._members.items():
-        if isinstance(v, WireGroup):
-            continue
-        dsets.append([k, v.dtype.str, list(v.shape)])
-        arrays.append(v)
-    for k, v in g._members.items():
-        if isinstance(v, WireGroup):
-            groups[k] = _tree(v, arrays)
-    return [attrs, dsets, groups]
-
-
-def _untree(t: list[Any], g: WireGroup, buf: memoryview, off: int) -> int:
-    attrs, dsets, groups = t
-    for k, v in attrs.items():
-        dict.__setitem__(g.attrs, k, _attr_from_json(v))
-    for name, dt, shape in dsets:
-        dtype = np.dtype(dt)
-        n = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if off + n > len(buf):
-            raise ValueError(f"dataset {g.name}/{name} runs past the end of the blob")
-        g._members[name] = np.frombuffer(buf[off: off + n], dtype=dtype).reshape(shape).copy()
-        off += n
-    for name, sub in groups.items():
-        off = _untree(sub, g.create_group(name), buf, off)
-    return off
+def _size(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _to_h5(src: WireGroup, dst: h5py.Group) -> None:
@@ -340,7 +487,7 @@ def _to_h5(src: WireGroup, dst: h5py.Group) -> None:
 
 class WireModel:
     """A leaf model as received, not yet rebuilt: the server of a training job only stores the
-    client PCs, so it keeps them in this form (decoding a blob is a JSON parse and one copy per
+    client PCs, so it keeps them in this form (decoding a blob is a header parse and one copy per
     array; rebuilding, e.g. compiling an SPN, is left to whoever evaluates the model).
 
     ``save(group)`` writes exactly what the model's own ``save`` wrote, ``num_parameters()``
@@ -396,16 +543,21 @@ def model_to_bytes(model: Any) -> np.ndarray:
     """A leaf model as compact wire bytes ``(n_bytes,)`` uint8, written by its own ``save``
     into a :class:`WireGroup` (no pickle, no HDF5 file image).
 
-    Layout: ``H`` as a little-endian uint64 (8 bytes), then ``H`` bytes of UTF-8 JSON (the header:
-    format version, the model's parameter count, and the group tree with every attribute and
-    every dataset's name, dtype and shape), then every dataset's raw bytes in C order, back to
-    back in header order (no padding). So, exactly::
+    Layout (wire version 2): ``b"FCW"``, the version byte, ``H`` as an unsigned LEB128 varint,
+    ``H`` bytes of binary header, then every dataset's raw bytes in C order, back to back in
+    header order (no padding). So, exactly::
 
-        len(blob) = 8 + H + Σ_datasets nbytes
+        len(blob) = 4 + len(varint H) + H + Σ_datasets nbytes
 
-    i.e. the overhead over the model's raw arrays is ``8 + H`` bytes
-    (:func:`wire_overhead`); ``H`` is a few hundred bytes for a LearnSPN SPN (its ~15 dataset
-    names, dtypes and shapes, and the list of leaf types).
+    and the overhead over the model's raw arrays is the first three terms (:func:`wire_overhead`).
+    The header is self-describing: the sender's parameter count (varint, +1 so that "unknown",
+    -1, is 0), then the group tree depth first: per group its attributes (name, tag, value:
+    string, typed scalar, typed array with its bytes, or string array) and its members in
+    insertion order (name, then a subgroup or a dataset's dtype code and shape). Integers are
+    varints, dtypes one byte (the common little-endian ones; others spelled out), and a string
+    is spelled out only once: a repeat, or one of the names of the library's model writers
+    listed in the format (``_STATIC_STRINGS``), is a varint index. ``H`` is a few dozen bytes
+    for a LearnSPN SPN, whose names are all listed (the JSON header of version 1 was ~560).
     """
     root = WireGroup()
     model.save(root)
@@ -413,22 +565,45 @@ def model_to_bytes(model: Any) -> np.ndarray:
         n_params = model.n_parameters
     else:
         n_params = int(model.num_parameters()) if hasattr(model, "num_parameters") else -1
+    w = _HeaderWriter()
+    w.uint(max(n_params, -1) + 1)
     arrays: list[np.ndarray] = []
-    tree = _tree(root, arrays)
-    header = json.dumps({"v": WIRE_VERSION, "p": n_params, "t": tree}, separators=(",", ":")).encode()
-    out = np.empty(_LEN + len(header) + sum(a.nbytes for a in arrays), dtype=np.uint8)
-    out[:_LEN] = np.frombuffer(np.uint64(len(header)).astype("<u8").tobytes(), dtype=np.uint8)
-    out[_LEN: _LEN + len(header)] = np.frombuffer(header, dtype=np.uint8)
-    off = _LEN + len(header)
+    w.group(root, arrays)
+    size = _HeaderWriter()
+    size.uint(len(w.out))
+    head = _MAGIC + bytes([WIRE_VERSION]) + bytes(size.out) + bytes(w.out)
+    out = np.empty(len(head) + sum(a.nbytes for a in arrays), dtype=np.uint8)
+    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    off = len(head)
     for a in arrays:
         out[off: off + a.nbytes] = np.frombuffer(np.ascontiguousarray(a).tobytes(), dtype=np.uint8)
         off += a.nbytes
     return out
 
 
+def _open_blob(buf: memoryview) -> _HeaderReader:
+    """A reader positioned on the header of ``buf`` (magic, version and length checked)."""
+    n = len(_MAGIC)
+    if len(buf) < n + 2:
+        raise ValueError(f"{len(buf)} bytes, shorter than the magic, version and header length")
+    if bytes(buf[:n]) != _MAGIC:
+        if len(buf) > 8 and buf[8] == ord("{"):
+            raise ValueError("a wire-version-1 blob (JSON header): the sender runs an older mpifc")
+        raise ValueError(f"does not start with {_MAGIC!r}")
+    if buf[n] != WIRE_VERSION:
+        raise ValueError(f"wire version {buf[n]}, this mpifc reads version {WIRE_VERSION}")
+    r = _HeaderReader(buf, n + 1, len(buf))
+    h = r.uint()
+    if r.pos + h > len(buf):
+        raise ValueError(f"header length {h} exceeds the blob ({len(buf)} bytes)")
+    r.end = r.data = r.pos + h
+    return r
+
+
 def wire_overhead(blob: np.ndarray) -> int:
-    """Bytes of ``blob`` that are not model arrays: ``8 + H`` (see :func:`model_to_bytes`)."""
-    return _LEN + int(np.frombuffer(np.asarray(blob, dtype=np.uint8)[:_LEN].tobytes(), dtype="<u8")[0])
+    """Bytes of ``blob`` that are not model arrays: magic, version, header length and header
+    (see :func:`model_to_bytes`)."""
+    return _open_blob(memoryview(np.ascontiguousarray(blob, dtype=np.uint8).reshape(-1)).cast("B")).end
 
 
 def model_from_bytes(data: np.ndarray, lazy: bool = False, source: str = "model blob") -> Any:
@@ -443,21 +618,17 @@ def model_from_bytes(data: np.ndarray, lazy: bool = False, source: str = "model 
     """
     buf = memoryview(np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)).cast("B")
     try:
-        if len(buf) < _LEN:
-            raise ValueError(f"{len(buf)} bytes, shorter than the {_LEN}-byte header length")
-        h = int(np.frombuffer(buf[:_LEN], dtype="<u8")[0])
-        if _LEN + h > len(buf):
-            raise ValueError(f"header length {h} exceeds the blob ({len(buf)} bytes)")
-        head = json.loads(bytes(buf[_LEN: _LEN + h]).decode())
-        if not isinstance(head, dict) or head.get("v") != WIRE_VERSION:
-            raise ValueError(f"not a version-{WIRE_VERSION} model blob")
+        r = _open_blob(buf)
+        n_params = r.uint() - 1
         root = WireGroup(filename=source)
-        end = _untree(head["t"], root, buf, _LEN + h)
-        if end != len(buf):
-            raise ValueError(f"{len(buf) - end} trailing bytes after the last dataset")
-    except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError) as e:
+        r.group(root)
+        if r.pos != r.end:
+            raise ValueError(f"{r.end - r.pos} unread header bytes")
+        if r.data != len(buf):
+            raise ValueError(f"{len(buf) - r.data} trailing bytes after the last dataset")
+    except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError, RecursionError) as e:
         raise UserError(f"{source}: malformed model blob ({e})") from None
-    wm = WireModel(root, head.get("p", -1))
+    wm = WireModel(root, n_params)
     return wm if lazy else wm.materialize()
 
 

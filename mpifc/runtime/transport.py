@@ -16,7 +16,10 @@ waits for a computing peer does not burn a core. When a deadline passes,
 
 Receive buffers: small messages are copied out of one reused header buffer; large ones land in
 arrays from a :class:`~mpifc.runtime.bufpool.RecvBufferPool` (recycled once the caller drops
-them), or in the caller's own ``out=`` array.
+them), or in the caller's own ``out=`` array. With ``out=`` the payload receive is posted
+together with the header receive (MPI matches one tag's messages in posting order), so a large
+payload moves as soon as it arrives, as into a raw pre-posted ``Recv``; a header that does not
+describe ``out`` cancels it (see :meth:`Transport._recv_preposted`).
 
 All ranks must use the same ``inline_max`` (a longer header message would not fit).
 """
@@ -186,6 +189,7 @@ class Transport:
         self._hbuf = bytearray(wire.header_size(wire.MAX_NDIM) + self.inline_max)
         self._sbuf = bytearray(len(self._hbuf))  # blocking small sends pack here
         self._smv = memoryview(self._sbuf)
+        self._send_statuses = [MPI.Status(), MPI.Status()]
         self._hmv = memoryview(self._hbuf)
         self.pool = RecvBufferPool()  # big receives reuse buffers their arrays no longer hold
         self._to_self: list[PendingSend] = []   # sends to this rank, kept alive until received
@@ -216,7 +220,10 @@ class Transport:
             for hook in self.send_hooks:
                 hook(k, dest, arr, False)
         if nbytes > self.inline_max or dest == self.rank or not 0 <= dest < self.size:
-            self._complete_send(self._isend_array(arr, code, flags, dest, k, hooked=True))
+            if nbytes <= self.chunk_bytes and dest != self.rank and 0 <= dest < self.size:
+                self._send_large(arr, code, flags, nbytes, dest, k)
+            else:
+                self._complete_send(self._isend_array(arr, code, flags, dest, k, hooked=True))
             return
         # Small message, the hot path: header and payload in one MPI message from a reusable
         # buffer (safe: we wait for completion before returning), no bookkeeping objects, and
@@ -232,6 +239,21 @@ class Transport:
         if not req.Test():
             self._wait_requests([req], nbytes, lambda: f"rank {dest} to receive a {k.name!r} message "
                                                        f"({nbytes} bytes) from rank {self.rank}")
+
+    def _send_large(self, arr: np.ndarray, code: int, flags: int, nbytes: int, dest: int, k: MessageKind) -> None:
+        """Blocking send of a one-chunk payload (to another rank): what :meth:`_isend_array` does,
+        without its per-message objects (the header is packed into the reusable send buffer, safe
+        since we wait for completion before returning)."""
+        ndim = arr.ndim
+        hlen = _HEADER_FIXED + 8 * ndim
+        _HEADER_STRUCTS[ndim].pack_into(self._sbuf, 0, wire.MAGIC, wire.VERSION, code, ndim, flags, 0,
+                                        k.kind_id, 1, 0, _now(), nbytes, *arr.shape)
+        comm, tag = self.comm, k.kind_id
+        reqs = [comm.Isend([self._sbuf, hlen, _BYTE], dest, tag), comm.Isend([arr, nbytes, _BYTE], dest, tag)]
+        self._count_send(dest, k.kind_id, nbytes, hlen)
+        if not MPI.Request.Testall(reqs):
+            self._block(reqs, self._send_statuses, lambda: f"rank {dest} to receive a {k.name!r} message "
+                                                           f"({nbytes} bytes) from rank {self.rank}")
 
     def _count_send(self, dest: int, kind_id: int, nbytes: int, hlen: int) -> None:
         self.ledger.count_sent(dest, nbytes, hlen)
@@ -437,6 +459,10 @@ class Transport:
         """Receive one message with a posted ``Irecv`` of the header (the low-latency path)."""
         if source != MPI.ANY_SOURCE and not 0 <= source < self.size:
             self._check_peer(source, "receive from")
+        if (out is not None and self.inline_max < out.nbytes <= self.chunk_bytes and source != MPI.ANY_SOURCE
+                and self._guard is not None and type(out) is np.ndarray and out.flags.c_contiguous
+                and out.flags.writeable):
+            return self._recv_preposted(source, kind, out)
         status = self._status
         req = self.comm.Irecv([self._hbuf, len(self._hbuf), _BYTE], source, kind.kind_id)
         if not req.Test(status):
@@ -446,9 +472,55 @@ class Transport:
         value, flags = self._take_payload(count, src, kind, out)
         return (value, flags, src) if want_source else (value, flags)
 
-    def _wait_header(self, req: MPI.Request, source: int, kind: MessageKind) -> None:
+    def _recv_preposted(self, source: int, kind: MessageKind, out: np.ndarray) -> tuple[np.ndarray, int]:
+        """Receive into ``out`` (one payload chunk, not inline) with header *and* payload receives
+        posted up front.
+
+        MPI matches messages of one ``(source, tag)`` in the order the receives were posted, so the
+        header message lands in the header buffer and the payload in ``out``. Posting the payload
+        receive before the header has arrived lets a rendezvous-sized payload start moving at once
+        instead of one round trip later (what a raw ``Recv`` into a preallocated buffer does).
+        If the header then does not describe ``out`` (another dtype/shape, inline, chunked), the
+        payload receive is cancelled; if it cannot be (it already took the next message), the
+        receive fails with a clear error (the job must end: a message was consumed).
+        """
+        status, tag, comm, hbuf, nbytes = self._status, kind.kind_id, self.comm, self._hbuf, out.nbytes
+        req = comm.Irecv([hbuf, len(hbuf), _BYTE], source, tag)
+        pre = comm.Irecv([out, nbytes, _BYTE], source, tag)
+        if not req.Test(status):
+            if not self._wait_header(req, source, kind, pre):
+                pre = None  # cancelled while waiting long for the header: receive the payload later
+        count = status.Get_count(_BYTE)
+        ndim = out.ndim
+        if pre is None or count != _HEADER_FIXED + 8 * ndim or hbuf[0] != wire.MAGIC or hbuf[1] != wire.VERSION \
+                or hbuf[3] != ndim:
+            return self._take_payload(count, source, kind, out, pre)
+        # The expected case, checked inline (hot path); anything else goes through _take_payload.
+        _, _, code, _, flags, _, kind_id, n_chunks, _, t_send, h_nbytes, *shape = _HEADER_STRUCTS[ndim].unpack_from(hbuf)
+        dtype = CODE_DTYPES_BF16.get(code) if flags & wire.FLAG_BF16 else _CODE_DTYPES.get(code)
+        if (kind_id != tag or n_chunks != 1 or flags & _INLINE or h_nbytes != nbytes or dtype != out.dtype
+                or tuple(shape) != out.shape):
+            return self._take_payload(count, source, kind, out, pre)
+        key = (source, tag)
+        self.received_counts[key] = self.received_counts.get(key, 0) + 1
+        describe = lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {source}"  # noqa: E731
+        if not self._wait_prepost(pre, describe):
+            self._block([comm.Irecv([out, nbytes, _BYTE], source, tag)], [self._pstatus], describe)
+        got = self._pstatus.Get_count(_BYTE)
+        if got != nbytes:
+            raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {source}: received {got} payload "
+                                 f"bytes, header announced {nbytes}")
+        self.ledger.record(tag, source, got, count, 2, t_send, _now())
+        return out, flags
+
+    def _wait_header(self, req: MPI.Request, source: int, kind: MessageKind,
+                     pre: MPI.Request | None = None) -> bool:
         """Wait (deadline-bounded) until the posted header receive ``req`` completes into
-        ``self._status``; DeadlineExceeded when the deadline passes first."""
+        ``self._status``; DeadlineExceeded when the deadline passes first.
+
+        ``pre`` is a payload receive posted right after ``req`` (same source and tag), or None.
+        Returns False if ``pre`` was cancelled on the way (a long wait: it is then gone), else True.
+        """
         status = self._status
         who = None if source == MPI.ANY_SOURCE else [source]
         describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
@@ -456,14 +528,22 @@ class Transport:
         guard = self._guard
         if guard is not None:
             # Wait inside MPI with the watchdog armed: one attribute store, no thread wake-up.
+            # The watchdog cancels in list order: the payload receive first, so that no header
+            # message can slip into it between the two cancels (matching follows posting order).
             state = [False, False]
-            guard.armed = ([req], t0 + self.spin_s, t0 + self.deadline, self.deadline, describe, state)
+            guard.armed = ([req] if pre is None else [pre, req], t0 + self.spin_s, t0 + self.deadline,
+                           self.deadline, describe, state)
             try:
                 req.Wait(status)
             finally:
                 guard.armed = None
             if not status.Is_cancelled():
-                return
+                # The header came. If the watchdog fired meanwhile it may have cancelled ``pre``.
+                return pre is None or not (state[0] or state[1]) or self._prepost_alive(pre)
+            if pre is not None:
+                # The header receive was cancelled, so it never matched, so neither did ``pre``
+                # (cancelled first): this completes at once, as cancelled.
+                pre.Wait()
             if state[1]:
                 raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
             # Past the soft limit: the watchdog cancelled MPI's busy wait. Post the receive
@@ -471,14 +551,77 @@ class Transport:
             # deadline (MPI's wait did the spinning).
             req = self.comm.Irecv([self._hbuf, len(self._hbuf), _BYTE], source, kind.kind_id)
             spin = 0.0
+            alive = False
         else:
             spin = self.spin_s
+            alive = pre is not None
         left = self.deadline - (_perf() - t0)
         if not self._poll(lambda: req.Test(status), spin, deadline=left):
+            if alive:
+                pre.Cancel()  # first, as the watchdog does
             req.Cancel()
             req.Wait(status)
             if status.Is_cancelled():
+                if alive:
+                    pre.Wait()
                 raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+            if alive:
+                alive = self._prepost_alive(pre)
+        return alive
+
+    def _wait_prepost(self, pre: MPI.Request, describe: Callable[[], str]) -> bool:
+        """Wait (deadline-bounded) for the pre-posted payload receive ``pre`` into ``self._pstatus``.
+
+        Returns False if it turns out cancelled before its deadline: a soft-limit cancel of the
+        header wait that raced with the header's arrival (a cancelled receive matched nothing, so
+        the caller simply posts the payload receive again).
+        """
+        guard = self._guard
+        state = [False, False]
+        guard.armed = ([pre], _INF, _perf() + self.deadline, self.deadline, describe, state)
+        try:
+            pre.Wait(self._pstatus)
+        finally:
+            guard.armed = None
+        if not self._pstatus.Is_cancelled():
+            return True
+        if state[1]:
+            raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+        return False
+
+    def _prepost_alive(self, pre: MPI.Request) -> bool:
+        """Whether a pre-posted payload receive that the watchdog may have cancelled is still
+        usable: False if the cancel took (the request is then freed), True if it had matched."""
+        st = self._pstatus
+        if pre.Get_status(st) and st.Is_cancelled():  # Get_status: complete? (does not free it)
+            pre.Wait()
+            return False
+        return True
+
+    def _drop_prepost(self, pre: MPI.Request, src: int, kind: MessageKind, problem: str) -> None:
+        """Cancel a pre-posted payload receive the header turned out not to fit; raise a clear
+        ValueError if it cannot be cancelled (it already took the next message from ``src``)."""
+        pst = self._pstatus
+        pre.Cancel()
+        guard = self._guard
+        # An unmatched receive completes (as cancelled) at once; a matched one once its data is
+        # in, which the deadline bounds like any wait.
+        describe = lambda: f"a receive into out= of a {kind.name!r} message from rank {src} to end"  # noqa: E731
+        if guard is not None:
+            guard.armed = ([pre], _INF, _perf() + self.deadline, self.deadline, describe, [False, False])
+        try:
+            pre.Wait(pst)
+        except MPI.Exception as e:  # the next message did not fit into out=
+            raise ValueError(f"{problem}; the following MPI message from rank {src} did not fit into the "
+                             f"receive posted into out= ({e.Get_error_string()}), so the message stream "
+                             f"cannot continue") from None
+        finally:
+            if guard is not None:
+                guard.armed = None
+        if not pst.Is_cancelled():
+            raise ValueError(f"{problem}; the receive posted into out= had already taken the following MPI "
+                             f"message from rank {src} ({pst.Get_count(_BYTE)} bytes), so the message stream "
+                             f"cannot continue")
 
     def _recv_probed(self, pairs: list[tuple[int, MessageKind]], describe: Callable[[], str]
                      ) -> tuple[int, MessageKind, np.ndarray, int]:
@@ -508,24 +651,44 @@ class Transport:
         value, flags = self._take_payload(count, src, k, None)
         return src, k, value, flags
 
-    def _take_payload(self, count: int, src: int, kind: MessageKind, out: np.ndarray | None) -> tuple[np.ndarray, int]:
+    def _take_payload(self, count: int, src: int, kind: MessageKind, out: np.ndarray | None,
+                      pre: MPI.Request | None = None) -> tuple[np.ndarray, int]:
         """Given a header message of ``count`` bytes in ``self._hbuf``: take its payload (inline or
-        by receiving the chunks), record the ledger row."""
+        by receiving the chunks), record the ledger row.
+
+        ``pre``: a receive of the payload into ``out`` posted before the header came (see
+        :meth:`_recv_preposted`), or None.
+        """
         key = (src, kind.kind_id)
         self.received_counts[key] = self.received_counts.get(key, 0) + 1
         hbuf = self._hbuf
-        code, shape, flags, kind_id, n_chunks, t_send, nbytes, hlen = wire.unpack_header(hbuf, count)
-        if kind_id != kind.kind_id:
-            raise wire.WireError(f"rank {self.rank}: header from rank {src} says kind id {kind_id}, "
-                                 f"expected {kind.name!r} ({kind.kind_id})")
-        dtype = CODE_DTYPES_BF16.get(code) if flags & wire.FLAG_BF16 else _CODE_DTYPES.get(code)
-        if dtype is None:
-            raise wire.WireError(f"rank {self.rank}: unknown dtype code {code} from rank {src}")
+        try:
+            code, shape, flags, kind_id, n_chunks, t_send, nbytes, hlen = wire.unpack_header(hbuf, count)
+            if kind_id != kind.kind_id:
+                raise wire.WireError(f"rank {self.rank}: header from rank {src} says kind id {kind_id}, "
+                                     f"expected {kind.name!r} ({kind.kind_id})")
+            dtype = CODE_DTYPES_BF16.get(code) if flags & wire.FLAG_BF16 else _CODE_DTYPES.get(code)
+            if dtype is None:
+                raise wire.WireError(f"rank {self.rank}: unknown dtype code {code} from rank {src}")
+        except wire.WireError as e:
+            if pre is not None:
+                self._drop_prepost(pre, src, kind, str(e))
+            raise
         if out is not None and (out.dtype != dtype or out.shape != shape or not out.flags.c_contiguous
                                 or not out.flags.writeable):
-            raise ValueError(f"rank {self.rank}: {kind.name!r} from rank {src} is {dtype}{list(shape)}; "
-                             f"out= is {out.dtype}{list(out.shape)}"
-                             f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
+            problem = (f"rank {self.rank}: {kind.name!r} from rank {src} is {dtype}{list(shape)}; "
+                       f"out= is {out.dtype}{list(out.shape)}"
+                       f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
+            if pre is not None:
+                self._drop_prepost(pre, src, kind, problem)
+            raise ValueError(problem)
+        if pre is not None and (flags & _INLINE or n_chunks != 1):
+            # Same dtype and shape but another layout on the wire (the ranks disagree on
+            # inline_max or chunk_bytes): drop the early receive, take the message the usual way.
+            self._drop_prepost(pre, src, kind, f"rank {self.rank}: {kind.name!r} from rank {src}: "
+                                               f"{'an inline' if flags & _INLINE else f'a {n_chunks}-chunk'} "
+                                               f"message (do the ranks use the same inline_max and chunk_bytes?)")
+            pre = None
         if flags & _INLINE:
             if count - hlen != nbytes or nbytes % dtype.itemsize:
                 raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: header says "
@@ -548,15 +711,16 @@ class Transport:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: shape {shape} of "
                                  f"{dtype} is not {nbytes} bytes")
         comm, tag, chunk = self.comm, kind.kind_id, self.chunk_bytes
+        describe = lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}"  # noqa: E731
         if n_chunks == 1:
-            reqs = [comm.Irecv([view, nbytes, _BYTE], src, tag)]
             statuses = [self._pstatus]
+            if pre is None or not self._wait_prepost(pre, describe):
+                self._block([comm.Irecv([view, nbytes, _BYTE], src, tag)], statuses, describe)
         else:
             reqs = [comm.Irecv([view[c * chunk: (c + 1) * chunk], min(chunk, max(nbytes - c * chunk, 0)), _BYTE],
                                src, tag) for c in range(n_chunks)]
             statuses = [MPI.Status() for _ in reqs]
-        self._block(reqs, statuses,
-                    lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}")
+            self._block(reqs, statuses, describe)
         got = 0
         for st in statuses:
             got += st.Get_count(_BYTE)

@@ -112,11 +112,11 @@ def test_commcost_quick_reuses_table7_runs(quick_table7, quick_commcost):
         # per-PC header, nothing else; headers and control messages are columns of their own
         assert rec["measured_bytes"] - rec["formula_bytes"] == rec["wire_header_bytes"] > 0
         assert rec["measured_total_bytes"] == rec["measured_bytes"] + rec["header_bytes"] + rec["control_bytes"]
-    # two clients' whole PCs: the ~0.5 kB header per PC is under 5%; the vertical PCs (one per
-    # client and cluster, 6-13 kB on breast cancer) carry a larger share (commcost.md shows it)
-    h = cells[("horizontal", 2, "fedpc")]
-    assert h["formula_bytes"] < h["measured_bytes"] <= 1.05 * h["formula_bytes"]
-    assert cells[("vertical", 2, "fedpc")]["ratio"] < 1.1
+    # the wire format's binary header (~0.1 kB per PC) keeps measured within 5% of the formula,
+    # also for the small vertical PCs (one per client and cluster, a few kB on breast cancer)
+    for st in ("horizontal", "vertical"):
+        c = cells[(st, 2, "fedpc")]
+        assert c["formula_bytes"] < c["measured_bytes"] <= 1.05 * c["formula_bytes"], st
     md = (out / "commcost.md").read_text()
     assert "measured / formula" in md and "S where 1000x starts" in md
     # identical jobs (same shards, settings, budgets) ran once, for table7

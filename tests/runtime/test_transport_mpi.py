@@ -24,3 +24,12 @@ def test_pingpong_all_dtypes_shapes_tensors_and_50mb_chunked_match_mpi_counts():
         # 14 dtypes x 9 shapes + 3 layouts + the big one; 50 MiB in 4 MiB chunks: 13 chunks + header
         assert rep[1:4] == ("130", "4", "7"), rep
         assert rep[5] == "14", rep
+
+
+def test_recv_into_out_posts_payload_early_and_stays_safe_on_mismatch_and_deadline():
+    # tests/runtime/progs/prepost.py: out= round trips up to 2 MiB with ledger == MPI counts, an
+    # inline message where out= expects a payload, wrong-size out=, deadlines with both posted.
+    r = run_mpi(2, ["tests/runtime/progs/prepost.py"], timeout=90)
+    assert r.returncode == 0, r.stderr
+    reports = sorted(re.findall(r"rank (\d): prepost ok (\d+) ledger rows match MPI counts", r.stdout))
+    assert reports == [("0", "6"), ("1", "6")], r.stdout + r.stderr

@@ -171,3 +171,81 @@ def test_long_wait_goes_soft_then_still_receives():
     assert got.tolist() == [0.0, 1.0, 2.0, 3.0] and _time.perf_counter() - t0 >= 0.25
     timer.join()
     assert tr.try_recv(0, ARR) == (False, None)
+
+
+# --- recv(out=): header and payload receives posted together (the pre-posted path) -------------
+
+def test_preposted_out_round_trips_and_ledger_counts_the_bytes():
+    tr = make_transport(inline_max=64)
+    for dtype, shape in [(np.float64, (4, 5)), (np.int8, (100,)), (np.complex64, (3, 2, 2)), (np.bool_, (65,))]:
+        src = (np.arange(int(np.prod(shape))) % 7).astype(dtype).reshape(shape)
+        out = np.empty(shape, dtype)
+        p = tr.isend(src, 0, ARR)
+        got = tr.recv(0, ARR, out=out)
+        p.wait()
+        assert got is out and out.tobytes() == src.tobytes()
+        row = tr.ledger.rows[-1]
+        assert (row["payload_bytes"], row["header_bytes"], row["n_mpi_messages"]) == \
+            (src.nbytes, wire.header_size(src.ndim), 2)
+
+
+def test_preposted_out_with_inline_mismatch_is_refused_and_the_stream_goes_on():
+    tr = make_transport(inline_max=64)
+    out = np.empty(100, np.float64)
+    p = tr.isend(np.arange(3.0), 0, ARR)  # inline: the early payload receive must be cancelled
+    with pytest.raises(ValueError, match=r"from rank 0 is float64\[3\]; out= is float64\[100\]$"):
+        tr.recv(0, ARR, out=out)
+    p.wait()
+    p = tr.isend(np.arange(100.0), 0, ARR)
+    assert tr.recv(0, ARR, out=out) is out and out.tolist() == list(range(100))
+    p.wait()
+
+
+def test_preposted_out_that_took_the_next_message_says_so():
+    tr = make_transport(inline_max=64)
+    p1 = tr.isend(np.arange(3.0), 0, ARR)     # wrong (inline) message, then one more: by the time
+    p2 = tr.isend(np.arange(5.0), 0, ARR)     # the header is seen, the payload receive matched p2
+    with pytest.raises(ValueError, match=r"float64\[3\]; out= is float64\[100\]; the receive posted into out= "
+                                         r"had already taken the following MPI message from rank 0 \(80 bytes\)"):
+        tr.recv(0, ARR, out=np.empty(100, np.float64))
+    p1.wait(); p2.wait()
+
+
+def test_preposted_out_same_shape_but_inline_falls_back():
+    # A sender with a larger inline_max sends inline what this rank expects as a payload message.
+    tr = make_transport(inline_max=1024)
+    sender = make_transport(inline_max=1280)
+    src = np.arange(150.0)  # 1200 bytes: inline for the sender, pre-posted for the receiver
+    p = sender.isend(src, 0, ARR)
+    out = np.empty(150)
+    assert tr.recv(0, ARR, out=out) is out and np.array_equal(out, src)
+    p.wait()
+    assert tr.ledger.rows[-1]["n_mpi_messages"] == 1
+
+
+@pytest.mark.parametrize("spin_s", [0.01, 5.0])  # soft limit first, or the hard deadline with both posted
+def test_preposted_out_deadline_names_peer_and_kind_and_cancels_both(spin_s):
+    tr = make_transport(inline_max=64, deadline=0.3, spin_s=spin_s)
+    out = np.zeros(50)
+    with pytest.raises(DeadlineExceeded, match=r"0.3 s passed waiting for a 'test.self.array' message from rank 0"):
+        tr.recv(0, ARR, out=out)
+    # Nothing is left posted: the next message arrives whole in a fresh receive, out= untouched.
+    p = tr.isend(np.arange(50.0), 0, ARR)
+    assert tr.recv(0, ARR).tolist() == list(range(50)) and not out.any()
+    p.wait()
+
+
+def test_preposted_payload_receive_cancelled_by_a_late_soft_limit_is_posted_again():
+    # The watchdog's soft-limit cancel can race with the header's arrival and hit the payload
+    # receive after the header wait returned: the payload must still arrive (no false deadline).
+    tr = make_transport(inline_max=64)
+    out = np.zeros(40)
+    req = tr.comm.Irecv([tr._hbuf, len(tr._hbuf), MPI.BYTE], 0, ARR.kind_id)
+    pre = tr.comm.Irecv([out, out.nbytes, MPI.BYTE], 0, ARR.kind_id)
+    pre.Cancel()  # what the late soft-limit cancel does
+    p = tr.isend(np.arange(40.0), 0, ARR)
+    req.Wait(tr._status)
+    got, _ = tr._take_payload(tr._status.Get_count(MPI.BYTE), 0, ARR, out, pre)
+    p.wait()
+    assert got is out and out.tolist() == list(range(40))
+    assert tr.ledger.rows[-1]["payload_bytes"] == 320

@@ -238,7 +238,19 @@ class DiscretizedGaussianLeaf(GaussianLeaf):
     ``[(v - 1/2) / (L-1), (v + 1/2) / (L-1)]``; the first and last bins extend to -inf and +inf,
     so the masses of all levels sum to exactly 1. Mean and variance are on the [0, 1] scale.
     EM is exact: the E-step uses the moments of the Gaussian truncated to each observed bin.
+
+    Every value is one of ``L`` levels, so the bin log-masses and truncated moments are tables
+    ``(slot, K, level)``, computed once per parameter version (after each M-step) and then
+    gathered per observation: the same numbers as evaluating each observation, at the cost of
+    ``L`` evaluations per slot and component per parameter version instead of one per observation
+    (on MNIST, 256 levels: E-step about 10-30x and likelihood about 10-20x faster per row; a
+    table costs about as much as evaluating ``L`` rows the old way).
     """
+
+    # Above this many levels the tables are not built (each observation is evaluated directly).
+    TABLE_MAX_LEVELS = 1024
+    # Slots per chunk while building the tables (bounds the float64 temporaries).
+    TABLE_CHUNK_ELEMENTS = 1 << 16
 
     kind = "discretized_gaussian"
 
@@ -255,30 +267,128 @@ class DiscretizedGaussianLeaf(GaussianLeaf):
     def validate(self, x: torch.Tensor) -> None:
         _check_levels(x, self.num_levels)
 
-    # Not an exponential family in x: use the generic per-slot route of the base class.
-    region_log_prob = LeafFamily.region_log_prob
-    forward_for_em = LeafFamily.forward_for_em
-    stats_from_grads = LeafFamily.stats_from_grads
+    # Not an exponential family in x. With the level tables a region's log-density is a sum of
+    # table rows (one ``embedding_bag``); the E-step differentiates the region values (a slot's
+    # responsibility is its region's gradient) and gathers the truncated moments of each
+    # observation from the moment tables. Without tables: the generic per-slot route.
+    def region_log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._tabled(x):
+            return LeafFamily.region_log_prob(self, x)
+        return self._bag(self._tables()[0], x)
 
-    def _bounds(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Standardised bin bounds ``(L, m, K, batch)`` of the levels ``x (L, m, batch)``."""
+    def forward_for_em(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if not self._tabled(x):
+            return LeafFamily.forward_for_em(self, x)
+        with torch.no_grad():
+            values = self._bag(self._tables()[0], x)
+        values.requires_grad_(True)
+        return values, [values]
+
+    def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
+                         grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not self._tabled(x):
+            return LeafFamily.stats_from_grads(self, x, inputs, grads)
+        _, m1, m2 = self._tables()
+        # gradient w.r.t. the region values (L, K, batch): every observed slot of a region shares it
+        g = grads[0].transpose(1, 2).unsqueeze(1)  # (L, 1, batch, K)
+        rows = self._rows(x).reshape(-1)
+        flat = (self.num_slots, self.num_components)
+        observed = (~torch.isnan(x)).to(g.dtype)
+        n = torch.bmm(observed, grads[0].transpose(1, 2))  # (L, m, K)
+        stats = {"n": n.reshape(flat)}
+        for name, table in (("s1", m1), ("s2", m2)):
+            stats[name] = (table[rows].view(*x.shape, self.num_components) * g).sum(2).reshape(flat)
+        return stats
+
+    def _tabled(self, x: torch.Tensor) -> bool:
+        """Use the level tables for slot values ``x``: few enough levels, the model's slot layout."""
+        return self.num_levels <= self.TABLE_MAX_LEVELS and tuple(x.shape[:2]) == (self.num_regions, self.width)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Table row ``slot * levels + x`` of each value ``(L, m, batch)``; missing -> the zero row."""
+        missing = torch.isnan(x)
+        slot = torch.arange(self.num_slots, device=x.device).view(self.num_regions, self.width, 1)
+        rows = slot * self.num_levels + torch.nan_to_num(x, nan=0.0).long()
+        return rows.masked_fill(missing, self.num_slots * self.num_levels)
+
+    def _bag(self, table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``sum_i table[slot_i * levels + x_i]`` over each region's slots: ``(L, m, batch)`` -> ``(L, K, batch)``.
+
+        Missing values (NaN, padding) read the table's last row, which is zero.
+        """
+        rows = self._rows(x)
+        batch = x.shape[-1]
+        out = torch.nn.functional.embedding_bag(rows.transpose(1, 2).reshape(-1, self.width), table, mode="sum")
+        return out.view(self.num_regions, batch, self.num_components).transpose(1, 2)
+
+    def _bounds(self, x: torch.Tensor, regions: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """Standardised bin bounds ``(L, m, K, batch)`` of the levels ``x (L, m, batch)``
+        (``x`` covers the leaf regions ``regions`` only, if given)."""
         scale = self.num_levels - 1
         lo = (x - 0.5) / scale
         hi = (x + 0.5) / scale
         lo = torch.where(x <= 0, torch.full_like(lo, -math.inf), lo)
         hi = torch.where(x >= scale, torch.full_like(hi, math.inf), hi)
-        mean, std = self._view("mean"), self._view("var").sqrt()
+        mean, std = self._view("mean")[regions], self._view("var")[regions].sqrt()
         return (lo.unsqueeze(2) - mean) / std, (hi.unsqueeze(2) - mean) / std
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         missing = torch.isnan(x)
-        lo, hi = self._bounds(torch.nan_to_num(x, nan=0.0))
-        return _log_normal_interval(lo, hi).to(x.dtype).masked_fill(missing.unsqueeze(2), 0.0)
+        xs = torch.nan_to_num(x, nan=0.0)
+        if self._tabled(x):
+            lp = self._gather(self._tables()[0], xs)
+        else:
+            lo, hi = self._bounds(xs)
+            lp = _log_normal_interval(lo, hi)
+        return lp.to(x.dtype).masked_fill(missing.unsqueeze(2), 0.0)
 
     def _moments_per_component(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._tabled(x):
+            _, m1, m2 = self._tables()
+            return self._gather(m1, x), self._gather(m2, x)
+        return self._direct_moments(x, *self._bounds(x))
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-mass, ``E[z]`` and ``E[z^2]`` of every level: flat ``(S * levels, K)`` tables
+        (each has one more row, of zeros, read by missing values).
+
+        Cached until the parameters change (new tensors or an in-place update).
+        """
+        mean, var = self.params["mean"], self.params["var"]
+        key = (id(mean), mean._version, id(var), var._version)
+        cache = getattr(self, "_table_cache", None)
+        if cache is not None and cache[0] == key and cache[1][0] is mean and cache[1][1] is var:
+            return cache[2]
+        levels = torch.arange(self.num_levels, dtype=self.dtype, device=self.device)
+        chunk = max(1, self.TABLE_CHUNK_ELEMENTS // max(1, self.width * self.num_components * self.num_levels))
+        parts: list[list[torch.Tensor]] = [[], [], []]
+        for r0 in range(0, self.num_regions, chunk):
+            r1 = min(self.num_regions, r0 + chunk)
+            x = levels.expand(r1 - r0, self.width, -1)
+            lo, hi = self._bounds(x, slice(r0, r1))
+            log_z = _log_normal_interval(lo.double(), hi.double())
+            m1, m2 = self._direct_moments(x, lo, hi, slice(r0, r1), log_z)
+            for out, t in zip(parts, (log_z.to(self.dtype), m1, m2)):
+                # (l, m, K, levels) -> rows slot * levels + level, columns K
+                out.append(t.permute(0, 1, 3, 2).reshape(-1, self.num_components))
+        zero = torch.zeros(1, self.num_components, dtype=self.dtype, device=self.device)
+        tables = (torch.cat([*parts[0], zero]), torch.cat([*parts[1], zero]), torch.cat([*parts[2], zero]))
+        self._table_cache = (key, (mean, var), tables)
+        return tables
+
+    def _gather(self, table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Entries ``table[slot * levels + x]`` for levels ``x (L, m, batch)`` -> ``(L, m, K, batch)``."""
+        slot = torch.arange(self.num_slots, device=x.device).view(self.num_regions, self.width, 1)
+        rows = (slot * self.num_levels + x.long()).reshape(-1)
+        return table[rows].reshape(*x.shape, self.num_components).transpose(2, 3)
+
+    def _direct_moments(self, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                        regions: slice = slice(None), log_z: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         # Truncated-normal moments in float64: the difference of two pdf/mass ratios cancels.
-        lo, hi = (t.double() for t in self._bounds(x))
-        log_z = _log_normal_interval(lo, hi)
+        lo, hi = lo.double(), hi.double()
+        if log_z is None:
+            log_z = _log_normal_interval(lo, hi)
 
         def pdf_ratio(u: torch.Tensor) -> torch.Tensor:
             r = torch.exp(-0.5 * u * u - _LOG_SQRT_2PI - log_z)
@@ -291,7 +401,7 @@ class DiscretizedGaussianLeaf(GaussianLeaf):
         e2 = 1.0 + u_pdf_ratio(lo) - u_pdf_ratio(hi)
         e1 = torch.minimum(torch.maximum(e1, lo), hi)
         e2 = torch.maximum(e2, e1 * e1)
-        mean, std = self._view("mean").double(), self._view("var").double().sqrt()
+        mean, std = self._view("mean")[regions].double(), self._view("var")[regions].double().sqrt()
         m1 = mean + std * e1
         m2 = mean * mean + 2 * mean * std * e1 + std * std * e2
         return m1.to(self.dtype), m2.to(self.dtype)

@@ -143,6 +143,7 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
     ``image_shape`` selects a Poon-Domingos region graph (images); otherwise random binary trees
     of ``depth`` (clamped to ``log2 d``) and ``repetitions`` (tabular data or any subspace).
     ``leaf`` defaults to Gaussian for real features and Bernoulli/Categorical for discrete ones.
+    ``batch_size`` 0 or ``None`` is full-batch EM (one M-step per epoch over all rows).
     """
     xt = np.asarray(x, dtype=np.float64)
     d = xt.shape[1]
@@ -160,7 +161,7 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
     else:
         depth = max(1, min(int(depth), int(np.floor(np.log2(max(d, 2))))))
         model = EiNet.random_binary_trees(d, depth, repetitions, config)
-    schedule = EMSchedule(num_epochs=epochs, batch_size=batch_size,
+    schedule = EMSchedule(num_epochs=epochs, batch_size=batch_size or None,
                           online_em_frequency=online_em_frequency,
                           online_em_stepsize=online_em_stepsize, seed=seed)
     train_em(model, xt, schedule)
