@@ -477,11 +477,12 @@ class Transport:
         posted up front.
 
         MPI matches messages of one ``(source, tag)`` in the order the receives were posted, so the
-        header message lands in the header buffer and the payload in ``out``. Posting the payload
-        receive before the header has arrived lets a rendezvous-sized payload start moving at once
-        instead of one round trip later (what a raw ``Recv`` into a preallocated buffer does).
+        header message lands in the header buffer and the payload in ``out``. Posted before the
+        header has arrived, the payload receive is matched (and the data starts moving into
+        ``out``) as soon as MPI sees the payload, as with a raw ``Recv`` into a preallocated buffer,
+        instead of only once the header has been read in Python.
         If the header then does not describe ``out`` (another dtype/shape, inline, chunked), the
-        payload receive is cancelled; if it cannot be (it already took the next message), the
+        payload receive is cancelled; if it cannot be (it already took the following message), the
         receive fails with a clear error (the job must end: a message was consumed).
         """
         status, tag, comm, hbuf, nbytes = self._status, kind.kind_id, self.comm, self._hbuf, out.nbytes

@@ -249,3 +249,12 @@ def test_preposted_payload_receive_cancelled_by_a_late_soft_limit_is_posted_agai
     p.wait()
     assert got is out and out.tolist() == list(range(40))
     assert tr.ledger.rows[-1]["payload_bytes"] == 320
+
+
+def test_preposted_out_too_small_for_the_payload_is_a_clear_error():
+    tr = make_transport(inline_max=64)
+    p = tr.isend(np.arange(20.0), 0, ARR)  # 160 payload bytes meet a receive of 80 posted into out=
+    with pytest.raises(ValueError, match=r"float64\[20\]; out= is float64\[10\]; the following MPI message from "
+                                         r"rank 0 did not fit into the receive posted into out="):
+        tr.recv(0, ARR, out=np.empty(10))
+    p.wait()

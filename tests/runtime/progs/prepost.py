@@ -23,13 +23,27 @@ from mpifc.runtime.kinds import register_kind
 from mpifc.runtime.ledger import CommLedger
 from mpifc.runtime.transport import DeadlineExceeded, Transport
 from tests.runtime.progs.counting_comm import CountingComm
-from tests.runtime.progs.pingpong import check_ledger_against_mpi
 
 ARR = register_kind("test.prepost.array", "model_parameters", "arrays into out=")
 DL = register_kind("test.prepost.deadline", "control", "never sent in time")
 
 CASES = [(np.float64, (1 << 18,)), (np.float32, (300, 17)), (np.int16, (9000,)), (np.complex128, (64, 16, 2)),
          (np.uint8, (3, 7000)), (np.bool_, (20000,))]
+
+
+def check_ledger_against_mpi(ledger: CommLedger, counting: CountingComm) -> int:
+    """Each row's bytes == MPI's counts of its header and payload messages; returns rows checked.
+
+    (As in pingpong.py, which imports torch: too slow to import here.)
+    """
+    counts, i = counting.counts, 0
+    for row in ledger.rows:
+        n = int(row["n_mpi_messages"])
+        assert all(s == row["src"] and t == row["kind"] for s, t, _ in counts[i: i + n]), (counts[i: i + n], row)
+        assert sum(b for _, _, b in counts[i: i + n]) == row["payload_bytes"] + row["header_bytes"], row
+        i += n
+    assert i == len(counts), (i, len(counts))
+    return len(ledger.rows)
 
 
 def expect_error(fn, exc, *needles) -> str:
