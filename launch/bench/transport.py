@@ -36,7 +36,7 @@ from mpifc.runtime.transport import Transport
 
 BENCH = register_kind("bench.transport.pingpong", "control", "transport benchmark payload")
 RAW_TAG = 7  # raw traffic on another communicator than mpifc's, so tags cannot clash
-SIZES = [8 * 4**i for i in range(12)] + [64 << 20]  # 8 B ... 32 MiB, then 64 MiB
+SIZES = sorted([8 * 4**i for i in range(12)] + [1 << 20, 64 << 20])  # 8 B ... 32 MiB, plus 1 MiB and 64 MiB
 
 
 def iterations_for(size: int, most: int = 300) -> int:
