@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from mpifc.experiments import registry
 from mpifc.experiments.jobs import ShardCache, ShardSpec, capped_hp, run_fedavg, run_splitnn, train_fc_cached
 from mpifc.experiments.launcher import Launcher
-from mpifc.experiments.paper import TABLE4
+from mpifc.experiments.paper import TABLE4, is_image_set
 from mpifc.experiments.report import fmt, markdown_table, provenance, short_error
 from mpifc.experiments.store import OK, Cell, ResultStore, aggregate, run_cells, write_csv, write_h5_table
 from mpifc.experiments.table7 import budgets
@@ -99,7 +99,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
 
     out = Path(out_dir)
     store = ResultStore(out)
-    datasets = [d for d in (datasets or ("breast-cancer",)) if d != "mnist"]
+    datasets = [d for d in (datasets or ("breast-cancer",)) if not is_image_set(d)]
     rows = max_rows  # breast cancer is small enough in full, also for --quick
     n_h, n_v = (2, 2) if quick else (5, 2)
     budget = budgets(quick)

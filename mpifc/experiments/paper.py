@@ -93,3 +93,13 @@ TABLE7: dict[tuple[str, str, int], dict[str, dict[str, tuple[float, float]]]] = 
 def table7_paper(setting: str, method: str, clients: int, dataset: str, metric: str) -> tuple[float, float] | None:
     """The paper's Table 7 value, or ``None`` where the paper has none ("-" or not reported)."""
     return TABLE7.get((setting, method, clients), {}).get(dataset, {}).get(metric)
+
+
+IMAGE_SETS = ("mnist", "imagenet32", "image-folder")
+"""Dataset names (before any ``:K`` suffix) that are image sets: table2's EiNet data, skipped by
+the tabular experiments (table1 runs MNIST itself)."""
+
+
+def is_image_set(dataset: str) -> bool:
+    """Whether ``dataset`` (e.g. ``"imagenet32:4"``) names an image set (:data:`IMAGE_SETS`)."""
+    return dataset.partition(":")[0] in IMAGE_SETS

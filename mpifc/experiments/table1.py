@@ -81,7 +81,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     store = ResultStore(out)
     # image sets other than MNIST are table2's (EiNets of GPU size)
     datasets = [d for d in (datasets or (("breast-cancer",) if quick else DATASETS))
-                if d == "mnist" or d.partition(":")[0] not in ("imagenet32", "image-folder")]
+                if d == "mnist" or not paper.is_image_set(d)]
     settings = list(settings or SETTINGS)
     rows = max_rows if max_rows is not None else (QUICK_ROWS if quick else None)
     clients = QUICK_CLIENTS if quick else paper.TABLE1_CLIENTS

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mpifc.experiments import registry
+from mpifc.experiments.paper import is_image_set
 from mpifc.experiments.jobs import ShardCache, ShardSpec, evaluate_fc, train_fc_cached
 from mpifc.experiments.launcher import Launcher
 from mpifc.experiments.report import fmt, markdown_table, provenance, short_error
@@ -45,7 +46,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     """Run (or resume) Table 3 into ``out_dir`` (the paper used 10 runs: ``--seeds 0-9``)."""
     out = Path(out_dir)
     store = ResultStore(out)
-    datasets = [d for d in (datasets or (("breast-cancer",) if quick else DATASETS)) if d != "mnist"]
+    datasets = [d for d in (datasets or (("breast-cancer",) if quick else DATASETS)) if not is_image_set(d)]
     rows = max_rows if max_rows is not None else (300 if quick else None)
     iters = em_iters or (2 if quick else 10)
     glues = GLUES[:1] if quick else GLUES

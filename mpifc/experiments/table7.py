@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mpifc.experiments import paper, registry
+from mpifc.experiments.paper import is_image_set
 from mpifc.experiments.jobs import (ShardCache, ShardSpec, capped_hp, central_hgb, evaluate_fc, run_fedavg,
                                     run_splitnn, train_fc_cached)
 from mpifc.experiments.launcher import Launcher
@@ -38,11 +39,6 @@ METHODS = {"horizontal": ("fc-pc", "fc-dt", "fedavg"), "vertical": ("fc-pc", "fc
 LABELS = {"fc-pc": "FC[PC]", "fc-dt": "FC[DT]", "fedavg": "FedAvg-MLP", "splitnn": "SplitNN-MLP",
           "hgb": "central HistGB", "fedtree": "FedTree"}
 METRICS = ("accuracy", "f1", "bytes_train")
-
-
-def is_image_set(dataset: str) -> bool:
-    """Image sets (table2's) are not classified here."""
-    return dataset.partition(":")[0] in ("mnist", "imagenet32", "image-folder")
 
 
 def tabnet_note() -> str:
