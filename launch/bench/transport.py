@@ -12,7 +12,13 @@ What is compared (each pair does the same work apart from the transport itself):
   returning a new array per message (its default; large ones come from its buffer pool).
 
 Both mpifc paths also pack the typed header, record a ledger row per message and keep every wait
-under the deadline. Columns, per size and per pair:
+under the deadline.
+
+``--two-message-peer`` adds a third raw peer, **raw_2msg**: the same header + payload as two raw
+MPI messages, both receives posted up front (the shape of mpifc's large-message protocol, without
+mpifc's Python work). It splits mpifc's gap to raw ``Recv(buf)`` into what the two-message protocol
+costs in MPI (raw_2msg vs raw) and what the transport's own code costs (mpifc vs raw_2msg); see
+:mod:`mpifc.runtime.transport` for why large messages are two MPI messages. Columns, per size and per pair:
 
 * ``lat``: one-way time per message = round-trip time / 2, in microseconds;
 * ``MB/s``: message bytes / one-way time (1 MB = 1e6 bytes);
@@ -87,6 +93,29 @@ def mpifc_pingpong(tr: Transport, buf: np.ndarray, iters: int, fresh: bool = Fal
     return (time.perf_counter() - t0) / (2 * iters)
 
 
+def raw_two_message_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int) -> float:
+    """Seconds per one-way message when each message is a 40-byte header (what mpifc sends before a
+    1-D payload) and the payload as a second raw message; the receiver posts both receives first."""
+    peer = 1 - comm.Get_rank()
+    first = comm.Get_rank() == 0
+    n = buf.nbytes
+    header, header_in = bytearray(40), bytearray(4096)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        if first:
+            MPI.Request.Waitall([comm.Isend([header, 40, MPI.BYTE], peer, RAW_TAG),
+                                 comm.Isend([buf, n, MPI.BYTE], peer, RAW_TAG)])
+        h = comm.Irecv([header_in, len(header_in), MPI.BYTE], peer, RAW_TAG)
+        p = comm.Irecv([buf, n, MPI.BYTE], peer, RAW_TAG)
+        h.Wait()
+        p.Wait()
+        if not first:
+            MPI.Request.Waitall([comm.Isend([header, 40, MPI.BYTE], peer, RAW_TAG),
+                                 comm.Isend([buf, n, MPI.BYTE], peer, RAW_TAG)])
+    return (time.perf_counter() - t0) / (2 * iters)
+
+
 VARIANTS = ("raw", "raw_fresh", "mpifc_out", "mpifc_fresh")
 CSV_HEADER = ["bytes", "iterations",
               "raw_latency_us", "mpifc_out_latency_us", "added_out_us", "raw_MBps", "mpifc_out_MBps", "ratio_out",
@@ -100,6 +129,8 @@ def main() -> int:
     ap.add_argument("--max-iters", type=int, default=300, help="round trips per repetition for small messages")
     ap.add_argument("--max-bytes", type=int, default=64 << 20, help="largest message size")
     ap.add_argument("--out", help="CSV file for the results (written by rank 0, atomically)")
+    ap.add_argument("--two-message-peer", action="store_true",
+                    help="also time raw header + payload as two MPI messages (raw_2msg; see the module docstring)")
     opts = ap.parse_args()
     world = MPI.COMM_WORLD
     if world.Get_size() != 2:
@@ -110,20 +141,25 @@ def main() -> int:
     raw_comm = world.Dup()
     tr = Transport(world.Dup(), CommLedger(world.Get_rank(), 2, capacity=1 << 16), deadline=120.0)
     run = {"raw": lambda b, n: raw_pingpong(raw_comm, b, n), "raw_fresh": lambda b, n: raw_pingpong(raw_comm, b, n, True),
-           "mpifc_out": lambda b, n: mpifc_pingpong(tr, b, n), "mpifc_fresh": lambda b, n: mpifc_pingpong(tr, b, n, True)}
+           "mpifc_out": lambda b, n: mpifc_pingpong(tr, b, n), "mpifc_fresh": lambda b, n: mpifc_pingpong(tr, b, n, True),
+           "raw_2msg": lambda b, n: raw_two_message_pingpong(raw_comm, b, n)}
+    variants = VARIANTS + (("raw_2msg",) if opts.two_message_peer else ())
     rows = []
+    two_msg: list[float] = []  # raw_2msg median one-way time per size, s
     for size in [s for s in SIZES if s <= opts.max_bytes]:
         buf = np.zeros(size, dtype=np.uint8)
         iters = iterations_for(size, max(1, opts.max_iters))
-        for v in VARIANTS:
+        for v in variants:
             run[v](buf, 1)  # warm-up
-        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        times: dict[str, list[float]] = {v: [] for v in variants}
         for rep in range(opts.reps):
             # Rotate which goes first so drift in machine load hits all alike.
-            k = rep % len(VARIANTS)
-            for v in VARIANTS[k:] + VARIANTS[:k]:
+            k = rep % len(variants)
+            for v in variants[k:] + variants[:k]:
                 times[v].append(run[v](buf, iters))
         med = {v: float(np.median(t)) for v, t in times.items()}
+        if opts.two_message_peer:
+            two_msg.append(med["raw_2msg"])
         raw, rawf, out, fresh = med["raw"], med["raw_fresh"], med["mpifc_out"], med["mpifc_fresh"]
         rows.append([size, iters,
                      raw * 1e6, out * 1e6, (out - raw) * 1e6, size / raw / 1e6, size / out / 1e6, raw / out,
@@ -148,10 +184,24 @@ def main() -> int:
                   f"median {np.median([r[7] for r in big]):.3f}; fresh recv vs raw Recv(np.empty): min "
                   f"{min(r[13] for r in big):.3f}, median {np.median([r[13] for r in big]):.3f}; fresh recv vs raw "
                   f"Recv(buf): min {min(r[14] for r in big):.3f} (target >= 0.9)")
+        if two_msg:
+            print(f"two-message raw peer (header + payload as two raw MPI messages, both receives posted first; "
+                  f"sizes above inline_max={tr.inline_max}, below it mpifc sends one message):")
+            print(f"{'bytes':>10} | {'raw_2msg lat':>12} {'raw_2msg/raw':>12} | {'mpifc(out=)/raw_2msg':>20}")
+            for r, t2 in zip(rows, two_msg):
+                if r[0] <= tr.inline_max:
+                    continue
+                # bandwidth ratios (time ratios inverted): raw_2msg vs raw, mpifc recv(out=) vs raw_2msg
+                print(f"{r[0]:>10} | {t2 * 1e6:>12.2f} {r[2] / (t2 * 1e6):>12.3f} | {t2 * 1e6 / r[3]:>20.3f}")
         print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
         if opts.out:
-            lines = [",".join(CSV_HEADER)]
-            lines += [",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in r) for r in rows]
+            header, table = list(CSV_HEADER), [list(r) for r in rows]
+            if two_msg:
+                header += ["raw_2msg_latency_us", "ratio_2msg_vs_raw", "ratio_out_vs_2msg"]
+                for r, t2 in zip(table, two_msg):
+                    r += [t2 * 1e6, r[2] / (t2 * 1e6), t2 * 1e6 / r[3]]
+            lines = [",".join(header)]
+            lines += [",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in r) for r in table]
             atomic_write_text(opts.out, "\n".join(lines) + "\n")
             print(f"wrote {opts.out}")
     return 0

@@ -5,28 +5,45 @@ small typed header (see :mod:`mpifc.runtime.wire`); small payloads ride inside t
 so a small message costs one MPI message. Pickling is only for small control objects
 (:meth:`Transport.send_obj`), and those are counted too.
 
+Why a large message is two MPI messages (header, then payload) and not one. One MPI message
+carrying both without copying the payload needs a derived datatype over the two buffers
+(``Create_hindexed`` at ``MPI.BOTTOM``). Measured with the MPICH 5 wheel on one node, such a
+*send* is 2.5-5x slower than a plain ``Send`` for 1-8 MiB (a non-contiguous send buffer loses the
+single-copy CMA path and goes through MPICH's packed pipeline), while the eager header message
+costs no measurable bandwidth. Copying header and payload into one staging buffer costs more
+than it saves. So the payload is sent from the caller's own memory, and the receiver keeps the
+time between the two messages short instead (below).
+
 Waiting and deadlines. Receives of one kind from one rank (or from any rank), payload chunks
-and sends wait *inside MPI* (``Waitall``), as fast as raw mpi4py, while a watchdog thread
-holds their deadline (:mod:`mpifc.runtime.watchdog`: it cancels the requests when the deadline
-passes, and aborts the job if they cannot be cancelled). Waits over several ``(source, kind)``
-pairs (:meth:`Transport.recv_any_kind`, the actor loop) poll ``Improbe`` from Python: they spin
-for ``spin_s``, yielding the core now and then, then back off with short sleeps so a rank that
-waits for a computing peer does not burn a core. When a deadline passes,
-:class:`DeadlineExceeded` names the peer and the awaited kind.
+and sends wait *inside MPI* (``Wait``/``Waitall``, in :meth:`Transport._guarded`), as fast as
+raw mpi4py, while a watchdog thread holds their deadline (:mod:`mpifc.runtime.watchdog`: it
+cancels the requests when the deadline passes, and aborts the job if they cannot be cancelled).
+Waits over several ``(source, kind)`` pairs (:meth:`Transport.recv_any_kind`, the actor loop)
+poll ``Improbe`` from Python: they spin for ``spin_s``, yielding the core now and then, then
+back off with short sleeps so a rank that waits for a computing peer does not burn a core. When
+a deadline passes, :class:`DeadlineExceeded` names the peer and the awaited kind.
 
 Receive buffers: small messages are copied out of one reused header buffer; large ones land in
 arrays from a :class:`~mpifc.runtime.bufpool.RecvBufferPool` (recycled once the caller drops
 them), or in the caller's own ``out=`` array. With ``out=`` the payload receive is posted
 together with the header receive (MPI matches one tag's messages in posting order), so a large
-payload moves as soon as it arrives, as into a raw pre-posted ``Recv``; a header that does not
-describe ``out`` cancels it (see :meth:`Transport._recv_preposted`).
+payload moves as soon as it arrives, as into a raw pre-posted ``Recv``; between the header's
+arrival and the payload wait the transport only compares the header with the one expected for
+``out`` (MPI moves data only while the receiver is inside an MPI call). A message that does not
+fit ``out`` (another dtype or shape) raises ValueError; its payload is received and dropped, so
+the next message of that kind arrives whole (``out``'s contents are then undefined). Only when
+an *inline* message meets ``out=`` and the early payload receive has already swallowed the
+message after it does the error say that the stream cannot continue (see
+:meth:`Transport._recv_preposted`, :meth:`Transport._refuse`).
 
 All ranks must use the same ``inline_max`` (a longer header message would not fit).
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -66,6 +83,7 @@ _HEADER_FIXED = wire.HEADER_FIXED
 _MAX_NDIM = wire.MAX_NDIM
 _INLINE = wire.FLAG_INLINE
 _BYTE = MPI.BYTE
+_T_SEND = struct.Struct("<d")  # a header's send time, at byte 16
 _INF = float("inf")
 
 
@@ -197,6 +215,8 @@ class Transport:
         # messages of each kind preceded it (MPI orders messages only within one tag).
         self.sent_counts: dict[tuple[int, int], int] = {}
         self.received_counts: dict[tuple[int, int], int] = {}
+        # recv(out=): the expected header bytes per (kind id, dtype, shape); see _recv_preposted.
+        self._expected_headers: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[bytes, bytes, int]] = {}
 
     # ------------------------------------------------------------------------------- sending
     def send(self, x: Any, dest: int, kind: MessageKind | str) -> None:
@@ -251,7 +271,7 @@ class Transport:
         comm, tag = self.comm, k.kind_id
         reqs = [comm.Isend([self._sbuf, hlen, _BYTE], dest, tag), comm.Isend([arr, nbytes, _BYTE], dest, tag)]
         self._count_send(dest, k.kind_id, nbytes, hlen)
-        if not MPI.Request.Testall(reqs):
+        if not MPI.Request.Testall(reqs):  # (below the MPI's eager limit it is complete at once)
             self._block(reqs, self._send_statuses, lambda: f"rank {dest} to receive a {k.name!r} message "
                                                            f"({nbytes} bytes) from rank {self.rank}")
 
@@ -481,38 +501,62 @@ class Transport:
         header has arrived, the payload receive is matched (and the data starts moving into
         ``out``) as soon as MPI sees the payload, as with a raw ``Recv`` into a preallocated buffer,
         instead of only once the header has been read in Python.
-        If the header then does not describe ``out`` (another dtype/shape, inline, chunked), the
-        payload receive is cancelled; if it cannot be (it already took the following message), the
-        receive fails with a clear error (the job must end: a message was consumed).
+        If the header then does not describe ``out``, :meth:`_take_payload` handles it: another
+        dtype or shape is a ValueError after the message's payload has been received and dropped
+        (:meth:`_refuse`); the same dtype and shape sent inline or in several chunks (ranks that
+        disagree on ``inline_max``/``chunk_bytes``) is received the usual way if the early receive
+        could still be cancelled. Only an early receive that swallowed the message *after* an
+        inline one leaves the stream unusable, and the error says so.
         """
         status, tag, comm, hbuf, nbytes = self._status, kind.kind_id, self.comm, self._hbuf, out.nbytes
+        # The header that describes ``out`` (all but its send time) is known before anything
+        # arrives, so between the header's arrival and the payload wait there are only two byte
+        # comparisons (MPI moves the payload only while we are inside an MPI call).
+        key = (tag, out.dtype, out.shape)
+        expected = self._expected_headers.get(key)
+        if expected is None:
+            expected = self._expected_header(key)
+        head, tail, hlen = expected
         req = comm.Irecv([hbuf, len(hbuf), _BYTE], source, tag)
         pre = comm.Irecv([out, nbytes, _BYTE], source, tag)
         if not req.Test(status):
             if not self._wait_header(req, source, kind, pre):
                 pre = None  # cancelled while waiting long for the header: receive the payload later
         count = status.Get_count(_BYTE)
-        ndim = out.ndim
-        if pre is None or count != _HEADER_FIXED + 8 * ndim or hbuf[0] != wire.MAGIC or hbuf[1] != wire.VERSION \
-                or hbuf[3] != ndim:
+        if pre is None or count != hlen or hbuf[:16] != head or hbuf[24:hlen] != tail:
+            # Not the expected header (or the early payload receive is gone): the general path
+            # parses it, then takes the payload, falls back or fails clearly.
             return self._take_payload(count, source, kind, out, pre)
-        # The expected case, checked inline (hot path); anything else goes through _take_payload.
-        _, _, code, _, flags, _, kind_id, n_chunks, _, t_send, h_nbytes, *shape = _HEADER_STRUCTS[ndim].unpack_from(hbuf)
-        dtype = CODE_DTYPES_BF16.get(code) if flags & wire.FLAG_BF16 else _CODE_DTYPES.get(code)
-        if (kind_id != tag or n_chunks != 1 or flags & _INLINE or h_nbytes != nbytes or dtype != out.dtype
-                or tuple(shape) != out.shape):
-            return self._take_payload(count, source, kind, out, pre)
-        key = (source, tag)
-        self.received_counts[key] = self.received_counts.get(key, 0) + 1
-        describe = lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {source}"  # noqa: E731
-        if not self._wait_prepost(pre, describe):
-            self._block([comm.Irecv([out, nbytes, _BYTE], source, tag)], [self._pstatus], describe)
-        got = self._pstatus.Get_count(_BYTE)
+        pstatus = self._pstatus
+        done = pre.Test(pstatus)
+        if not done or pstatus.Is_cancelled():
+            # Cancelled: a soft-limit cancel of the header wait that raced with the header's
+            # arrival (it matched nothing): post the payload receive again.
+            describe = lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {source}"  # noqa: E731
+            if done or not self._wait_prepost(pre, describe):
+                self._block([comm.Irecv([out, nbytes, _BYTE], source, tag)], [pstatus], describe)
+        got = pstatus.Get_count(_BYTE)
         if got != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {source}: received {got} payload "
                                  f"bytes, header announced {nbytes}")
-        self.ledger.record(tag, source, got, count, 2, t_send, _now())
-        return out, flags
+        self.ledger.record(tag, source, got, count, 2, _T_SEND.unpack_from(hbuf, 16)[0], _now())
+        key = (source, tag)
+        self.received_counts[key] = self.received_counts.get(key, 0) + 1
+        return out, 0
+
+    def _expected_header(self, key: tuple[int, np.dtype, tuple[int, ...]]) -> tuple[bytes, bytes, int]:
+        """For ``(kind id, dtype, shape)`` of an ``out=`` array: the bytes a one-chunk header for it
+        carries before and after its send time (header bytes 0-15 and 24-end), and its length."""
+        tag, dtype, shape = key
+        code = _DTYPE_CODES.get(dtype)
+        if code is None or len(shape) > _MAX_NDIM:
+            return b"", b"", -1  # no header describes such an out=: the general path says why
+        buf = bytearray(wire.header_size(len(shape)))
+        hlen = wire.pack_header(buf, code, shape, 0, tag, 1, 0.0, dtype.itemsize * math.prod(shape))
+        if len(self._expected_headers) >= 64:  # a few out= layouts per job: keep the cache small
+            self._expected_headers.clear()
+        value = self._expected_headers[key] = (bytes(buf[:16]), bytes(buf[24:hlen]), hlen)
+        return value
 
     def _wait_header(self, req: MPI.Request, source: int, kind: MessageKind,
                      pre: MPI.Request | None = None) -> bool:
@@ -526,18 +570,12 @@ class Transport:
         who = None if source == MPI.ANY_SOURCE else [source]
         describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
         t0 = _perf()
-        guard = self._guard
-        if guard is not None:
-            # Wait inside MPI with the watchdog armed: one attribute store, no thread wake-up.
-            # The watchdog cancels in list order: the payload receive first, so that no header
-            # message can slip into it between the two cancels (matching follows posting order).
-            state = [False, False]
-            guard.armed = ([req] if pre is None else [pre, req], t0 + self.spin_s, t0 + self.deadline,
-                           self.deadline, describe, state)
-            try:
-                req.Wait(status)
-            finally:
-                guard.armed = None
+        if self._guard is not None:
+            # Wait inside MPI with the watchdog armed. It cancels in list order: the payload
+            # receive first, so that no header message can slip into it between the two cancels
+            # (matching follows posting order).
+            state = self._guarded([req], [status], describe, soft_at=t0 + self.spin_s,
+                                  cancel=None if pre is None else [pre, req])
             if not status.Is_cancelled():
                 # The header came. If the watchdog fired meanwhile it may have cancelled ``pre``.
                 return pre is None or not (state[0] or state[1]) or self._prepost_alive(pre)
@@ -577,13 +615,7 @@ class Transport:
         header wait that raced with the header's arrival (a cancelled receive matched nothing, so
         the caller simply posts the payload receive again).
         """
-        guard = self._guard
-        state = [False, False]
-        guard.armed = ([pre], _INF, _perf() + self.deadline, self.deadline, describe, state)
-        try:
-            pre.Wait(self._pstatus)
-        finally:
-            guard.armed = None
+        state = self._guarded([pre], [self._pstatus], describe)
         if not self._pstatus.Is_cancelled():
             return True
         if state[1]:
@@ -599,30 +631,56 @@ class Transport:
             return False
         return True
 
-    def _drop_prepost(self, pre: MPI.Request, src: int, kind: MessageKind, problem: str) -> None:
-        """Cancel a pre-posted payload receive the header turned out not to fit; raise a clear
-        ValueError if it cannot be cancelled (it already took the next message from ``src``)."""
+    def _drop_prepost(self, pre: MPI.Request, src: int, kind: MessageKind) -> int | None:
+        """Cancel a pre-posted payload receive the header turned out not to fit.
+
+        Returns None if the cancel took (it received nothing), else the bytes it had already
+        received from ``src``: the message right after the header (-1: that message was longer
+        than ``out``; MPI truncated it, which consumes it all the same).
+        """
         pst = self._pstatus
         pre.Cancel()
-        guard = self._guard
         # An unmatched receive completes (as cancelled) at once; a matched one once its data is
         # in, which the deadline bounds like any wait.
         describe = lambda: f"a receive into out= of a {kind.name!r} message from rank {src} to end"  # noqa: E731
-        if guard is not None:
-            guard.armed = ([pre], _INF, _perf() + self.deadline, self.deadline, describe, [False, False])
         try:
-            pre.Wait(pst)
-        except MPI.Exception as e:  # the next message did not fit into out=
-            raise ValueError(f"{problem}; the following MPI message from rank {src} did not fit into the "
-                             f"receive posted into out= ({e.Get_error_string()}), so the message stream "
-                             f"cannot continue") from None
-        finally:
-            if guard is not None:
-                guard.armed = None
-        if not pst.Is_cancelled():
-            raise ValueError(f"{problem}; the receive posted into out= had already taken the following MPI "
-                             f"message from rank {src} ({pst.Get_count(_BYTE)} bytes), so the message stream "
-                             f"cannot continue")
+            self._guarded([pre], [pst], describe)
+        except MPI.Exception:
+            return -1
+        return None if pst.Is_cancelled() else pst.Get_count(_BYTE)
+
+    @staticmethod
+    def _took_next(problem: str, src: int, took: int) -> ValueError:
+        """The error for a receive into out= that swallowed the message after an inline one."""
+        what = "more bytes than out= holds" if took < 0 else f"{took} bytes"
+        return ValueError(f"{problem}; the receive posted into out= had already taken the following MPI message "
+                          f"from rank {src} ({what}), so the message stream cannot continue")
+
+    def _refuse(self, problem: str, src: int, kind: MessageKind, pre: MPI.Request | None, n_chunks: int
+                ) -> ValueError:
+        """The error for a message (with ``n_chunks`` payload messages after its header; 0 when
+        inline) that does not fit ``out=``, after making sure the message stream can go on: the
+        early payload receive is cancelled, and payload chunks still on their way are received and
+        dropped (a zero-byte receive: MPI truncates the message, which consumes it), so the next
+        message of this kind arrives whole. ``out``'s contents are then undefined.
+        """
+        took = None if pre is None else self._drop_prepost(pre, src, kind)
+        if n_chunks <= 0:  # nothing follows the header: what the early receive took is the next message
+            return ValueError(problem) if took is None else self._took_next(problem, src, took)
+        # The early receive, if it matched, took this message's first chunk (it follows the header).
+        self._discard(src, kind, n_chunks - (0 if took is None else 1))
+        return ValueError(f"{problem} (the message was received and dropped)")
+
+    def _discard(self, src: int, kind: MessageKind, n: int) -> None:
+        """Receive and drop the next ``n`` MPI messages of ``kind`` from ``src`` (deadline-bounded)."""
+        for _ in range(n):
+            req = self.comm.Irecv([self._hbuf, 0, _BYTE], src, kind.kind_id)
+            try:
+                self._block([req], [MPI.Status()], lambda: f"the rest of a refused {kind.name!r} message "
+                                                           f"from rank {src}")
+            except MPI.Exception as e:
+                if e.Get_error_class() != MPI.ERR_TRUNCATE:
+                    raise
 
     def _recv_probed(self, pairs: list[tuple[int, MessageKind]], describe: Callable[[], str]
                      ) -> tuple[int, MessageKind, np.ndarray, int]:
@@ -672,23 +730,29 @@ class Transport:
             if dtype is None:
                 raise wire.WireError(f"rank {self.rank}: unknown dtype code {code} from rank {src}")
         except wire.WireError as e:
-            if pre is not None:
-                self._drop_prepost(pre, src, kind, str(e))
+            # Not an mpifc header: nothing is known of what follows it.
+            took = None if pre is None else self._drop_prepost(pre, src, kind)
+            if took is not None:
+                raise self._took_next(str(e), src, took) from None
             raise
         if out is not None and (out.dtype != dtype or out.shape != shape or not out.flags.c_contiguous
                                 or not out.flags.writeable):
             problem = (f"rank {self.rank}: {kind.name!r} from rank {src} is {dtype}{list(shape)}; "
                        f"out= is {out.dtype}{list(out.shape)}"
                        f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
-            if pre is not None:
-                self._drop_prepost(pre, src, kind, problem)
-            raise ValueError(problem)
+            raise self._refuse(problem, src, kind, pre, 0 if flags & _INLINE else n_chunks)
         if pre is not None and (flags & _INLINE or n_chunks != 1):
             # Same dtype and shape but another layout on the wire (the ranks disagree on
             # inline_max or chunk_bytes): drop the early receive, take the message the usual way.
-            self._drop_prepost(pre, src, kind, f"rank {self.rank}: {kind.name!r} from rank {src}: "
-                                               f"{'an inline' if flags & _INLINE else f'a {n_chunks}-chunk'} "
-                                               f"message (do the ranks use the same inline_max and chunk_bytes?)")
+            took = self._drop_prepost(pre, src, kind)
+            if took is not None:
+                problem = (f"rank {self.rank}: {kind.name!r} from rank {src}: "
+                           f"{'an inline' if flags & _INLINE else f'a {n_chunks}-chunk'} message where out= "
+                           f"expected one payload message (do the ranks use the same inline_max and chunk_bytes?)")
+                if flags & _INLINE or n_chunks <= 0:
+                    raise self._took_next(problem, src, took)
+                self._discard(src, kind, n_chunks - 1)  # the early receive took the first chunk
+                raise ValueError(f"{problem} (the message was received and dropped)")
             pre = None
         if flags & _INLINE:
             if count - hlen != nbytes or nbytes % dtype.itemsize:
@@ -707,17 +771,19 @@ class Transport:
             self.ledger.record(kind_id, src, nbytes, hlen, 1, t_send, _now())
             return arr, flags
         arr = self.pool.empty(shape, dtype) if out is None else out
-        view = _byte_view(arr)
-        if len(view) != nbytes:
+        if arr.nbytes != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {src}: shape {shape} of "
                                  f"{dtype} is not {nbytes} bytes")
         comm, tag, chunk = self.comm, kind.kind_id, self.chunk_bytes
         describe = lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {src}"  # noqa: E731
         if n_chunks == 1:
+            # The payload is already on its way: as little as possible between the header and
+            # this receive (the array itself is the buffer; no byte view).
             statuses = [self._pstatus]
             if pre is None or not self._wait_prepost(pre, describe):
-                self._block([comm.Irecv([view, nbytes, _BYTE], src, tag)], statuses, describe)
+                self._block([comm.Irecv([arr, nbytes, _BYTE], src, tag)], statuses, describe)
         else:
+            view = _byte_view(arr)
             reqs = [comm.Irecv([view[c * chunk: (c + 1) * chunk], min(chunk, max(nbytes - c * chunk, 0)), _BYTE],
                                src, tag) for c in range(n_chunks)]
             statuses = [MPI.Status() for _ in reqs]
@@ -736,20 +802,41 @@ class Transport:
         if not MPI.Request.Testall(reqs):
             self._block(reqs, [MPI.Status() for _ in reqs], describe)
 
+    def _guarded(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str],
+                 soft_at: float = _INF, cancel: list[MPI.Request] | None = None) -> list[bool]:
+        """Wait inside MPI until every request in ``reqs`` is complete or cancelled (filling
+        ``statuses``), with the watchdog armed (:mod:`mpifc.runtime.watchdog`; needs the guard).
+
+        The one place the transport blocks in MPI. The watchdog cancels ``cancel`` (default
+        ``reqs``), in list order, at the deadline, and also at ``soft_at`` (a ``perf_counter``
+        time; none by default). Returns the watchdog's ``[soft limit hit, deadline hit]``: the
+        caller tells a completed request from a cancelled one by its status. MPI errors (e.g. a
+        truncated receive) propagate as ``MPI.Exception``, with the watchdog disarmed.
+        """
+        state = [False, False]
+        guard = self._guard
+        if guard is None:  # only where a plain wait cannot hang (callers poll otherwise)
+            MPI.Request.Waitall(reqs, statuses)
+            return state
+        guard.armed = (reqs if cancel is None else cancel, soft_at, _perf() + self.deadline, self.deadline,
+                       describe, state)
+        try:
+            if len(reqs) == 1:
+                reqs[0].Wait(statuses[0])  # cheaper than Waitall for one request
+            else:
+                MPI.Request.Waitall(reqs, statuses)
+        finally:
+            guard.armed = None
+        return state
+
     def _block(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str]) -> None:
         """Wait for all ``reqs`` (filling ``statuses``); DeadlineExceeded when the deadline passes.
 
         Waits inside MPI with the watchdog armed (see :mod:`mpifc.runtime.watchdog`); without
         MPI_THREAD_MULTIPLE it polls from Python instead and cancels at the deadline.
         """
-        guard = self._guard
-        if guard is not None:
-            now = _perf()
-            guard.armed = (reqs, _INF, now + self.deadline, self.deadline, describe, [False, False])
-            try:
-                MPI.Request.Waitall(reqs, statuses)
-            finally:
-                guard.armed = None
+        if self._guard is not None:
+            self._guarded(reqs, statuses, describe)
             for st in statuses:
                 if st.Is_cancelled():
                     raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")

@@ -251,10 +251,103 @@ def test_preposted_payload_receive_cancelled_by_a_late_soft_limit_is_posted_agai
     assert tr.ledger.rows[-1]["payload_bytes"] == 320
 
 
-def test_preposted_out_too_small_for_the_payload_is_a_clear_error():
-    tr = make_transport(inline_max=64)
-    p = tr.isend(np.arange(20.0), 0, ARR)  # 160 payload bytes meet a receive of 80 posted into out=
-    with pytest.raises(ValueError, match=r"float64\[20\]; out= is float64\[10\]; the following MPI message from "
-                                         r"rank 0 did not fit into the receive posted into out="):
-        tr.recv(0, ARR, out=np.empty(10))
+@pytest.mark.parametrize("sent, expected, inline_max", [
+    (20, 10, 64),     # payload longer than out=: the early receive truncates it (consumed all the same)
+    (10, 20, 64),     # payload shorter than out=: the early receive takes it whole
+    (20, 5, 64),      # out= inline-sized (no early receive): the payload is received and dropped
+    (3000, 10, 64),   # ... in 7 chunks
+])
+def test_wrong_size_out_is_refused_and_the_message_is_dropped_so_the_stream_goes_on(sent, expected, inline_max):
+    tr = make_transport(inline_max=inline_max, chunk_bytes=4096)
+    p = tr.isend(np.arange(float(sent)), 0, ARR)
+    with pytest.raises(ValueError, match=rf"float64\[{sent}\]; out= is float64\[{expected}\] "
+                                         rf"\(the message was received and dropped\)$"):
+        tr.recv(0, ARR, out=np.empty(expected))
     p.wait()
+    p = tr.isend(np.arange(float(expected)), 0, ARR)  # the next message arrives whole
+    out = np.empty(expected)
+    assert tr.recv(0, ARR, out=out) is out and out.tolist() == list(range(expected))
+    p.wait()
+    assert tr.try_recv(0, ARR) == (False, None)
+
+
+def test_preposted_out_expected_header_ignores_only_the_send_time():
+    # recv(out=) compares the arriving header with the one expected for out= (all bytes but the
+    # send time): a message that differs in anything else (here: a pickle of the right length)
+    # goes through the general path and is refused there.
+    import pickle
+
+    tr = make_transport(inline_max=64)
+    obj = list(range(40))
+    out = np.zeros(len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), np.uint8)
+    p = tr.isend_obj(obj, 0, ARR)
+    with pytest.raises(TypeError, match="expected an array, got a pickled object"):
+        tr.recv(0, ARR, out=out)
+    p.wait()
+    for i in range(3):  # same layout again and again: the cached expected header, fresh send times
+        src = np.full(out.shape, i, np.uint8)
+        p = tr.isend(src, 0, ARR)
+        assert tr.recv(0, ARR, out=out) is out and (out == i).all()
+        p.wait()
+        row = tr.ledger.rows[-1]
+        assert (row["payload_bytes"], row["header_bytes"], row["n_mpi_messages"]) == (out.nbytes, 40, 2)
+        assert row["t_send"] <= row["t_recv"]
+
+
+def test_preposted_out_of_a_dtype_the_wire_cannot_carry_is_refused_clearly():
+    tr = make_transport(inline_max=64)
+    p = tr.isend(np.arange(20.0), 0, ARR)
+    with pytest.raises(ValueError, match=r"is float64\[20\]; out= is >f8\[20\]"):
+        tr.recv(0, ARR, out=np.zeros(20, dtype=">f8"))
+    p.wait()
+
+
+def test_preposted_out_fast_path_reposts_a_payload_receive_cancelled_by_a_late_soft_limit():
+    # As above, on the hot path of recv(out=): the header is the expected one, but the early
+    # payload receive was cancelled (before the payload came): it is posted again, no false error.
+    import threading
+
+    class CancelSecondIrecv:  # the transport's comm, except that its 2nd Irecv gets cancelled
+        def __init__(self, comm):
+            self._comm, self.n = comm, 0
+
+        def __getattr__(self, name):
+            return getattr(self._comm, name)
+
+        def Irecv(self, buf, source, tag):
+            req = self._comm.Irecv(buf, source, tag)
+            self.n += 1
+            if self.n == 2:
+                req.Cancel()
+            return req
+
+    tr = make_transport(inline_max=64)
+    raw = tr.comm
+    tr.comm = CancelSecondIrecv(raw)
+    src = np.arange(40.0)
+    hdr = bytearray(wire.header_size(1))
+    wire.pack_header(hdr, wire.DTYPE_CODES[src.dtype], src.shape, 0, ARR.kind_id, 1, 0.0, src.nbytes)
+    reqs = [raw.Isend([hdr, len(hdr), MPI.BYTE], 0, ARR.kind_id)]
+    timer = threading.Timer(0.2, lambda: reqs.append(raw.Isend([src, src.nbytes, MPI.BYTE], 0, ARR.kind_id)))
+    timer.start()
+    out = np.zeros(40)
+    assert tr.recv(0, ARR, out=out) is out and out.tolist() == list(range(40))
+    timer.join()
+    MPI.Request.Waitall(reqs)
+    assert tr.comm.n == 3 and tr.ledger.rows[-1]["payload_bytes"] == 320
+
+
+def test_preposted_out_meeting_a_chunked_message_that_it_partly_took_is_refused_and_dropped():
+    # A sender with smaller chunk_bytes: the early payload receive takes the first chunk before the
+    # header is read. The rest is received and dropped; the next message arrives whole.
+    tr = make_transport(inline_max=64)
+    sender = make_transport(inline_max=64, chunk_bytes=100)
+    p = sender.isend(np.arange(50.0), 0, ARR)  # 400 bytes: 4 chunks
+    with pytest.raises(ValueError, match=r"a 4-chunk message where out= expected one payload message .*"
+                                         r"\(the message was received and dropped\)$"):
+        tr.recv(0, ARR, out=np.empty(50))
+    p.wait()
+    p = tr.isend(np.arange(50.0), 0, ARR)
+    assert tr.recv(0, ARR, out=np.empty(50)).tolist() == list(range(50))
+    p.wait()
+    assert tr.try_recv(0, ARR) == (False, None)
