@@ -122,6 +122,8 @@ def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams) -> tu
         raise UserError(f"learn_spn: rdc_ties must be one of {RDC_TIES}, got {p.rdc_ties!r}")
     if isinstance(p.rdc_k, bool) or not isinstance(p.rdc_k, (int, np.integer)) or p.rdc_k < 1:
         raise UserError(f"learn_spn: rdc_k must be an int >= 1, got {p.rdc_k!r}")
+    if isinstance(p.n_init, bool) or not isinstance(p.n_init, (int, np.integer)) or p.n_init < 1:
+        raise UserError(f"learn_spn: n_init must be an int >= 1, got {p.n_init!r}")
     if not (0.0 < p.gtest_pvalue < 1.0):
         raise UserError(f"learn_spn: gtest_pvalue must be in (0, 1), got {p.gtest_pvalue!r}")
     if not (p.alpha > 0.0):

@@ -8,9 +8,11 @@ structure learner in :mod:`mpifc.circuit.learnspn` owns all bookkeeping.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
+from sklearn import config_context
 from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
@@ -95,13 +97,26 @@ def _thread_pools() -> ThreadpoolController:
     return _CONTROLLER[0]
 
 
-def single_native_thread() -> Any:
-    """Context manager limiting BLAS/OpenMP pools to one thread.
+_SINGLE_THREAD_DEPTH = [0]
+
+
+@contextmanager
+def single_native_thread() -> Iterator[None]:
+    """Context manager limiting BLAS/OpenMP pools to one thread (re-entrant: inside another
+    one it does nothing, since every split of LearnSPN would otherwise pay the limit's ~1 ms).
 
     LearnSPN makes thousands of small BLAS/OpenMP calls; their thread start-up and, on a shared
     machine, oversubscription cost more than the arithmetic.
     """
-    return _thread_pools().limit(limits=1)
+    if _SINGLE_THREAD_DEPTH[0]:
+        yield
+        return
+    with _thread_pools().limit(limits=1):
+        _SINGLE_THREAD_DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _SINGLE_THREAD_DEPTH[0] -= 1
 
 
 def split_rows(
@@ -121,6 +136,10 @@ def split_rows(
         seed: random state of the clustering.
         n_init: restarts; the best (lowest inertia / highest likelihood) is kept.
     """
+    if method not in ("kmeans", "gmm"):
+        raise ValueError(f"split_rows: method must be 'kmeans' or 'gmm', got {method!r}")
+    if int(n_init) < 1:
+        raise ValueError(f"split_rows: n_init must be >= 1, got {n_init!r}")
     n = features.shape[0]
     if n < 2 or n_clusters < 2 or bool(np.all(features == features[0])):
         return np.zeros(n, dtype=np.int64)
@@ -128,7 +147,9 @@ def split_rows(
     k = n_clusters if n > 4 * n_clusters else min(n_clusters, len(np.unique(features, axis=0)))
     # One thread: on small slices OpenMP start-up and oversubscription cost more than Lloyd's
     # iterations themselves (measured ~15x slower with the default pool on a busy 2-core box).
-    with single_native_thread(), warnings.catch_warnings():
+    # Parameters are checked above (scikit-learn's own validation costs ~1 ms per call, and
+    # LearnSPN clusters once per split).
+    with single_native_thread(), warnings.catch_warnings(), config_context(skip_parameter_validation=True):
         # Fewer distinct rows than clusters (duplicates in binary data): scikit-learn warns and
         # returns empty clusters, which the relabelling below drops.
         warnings.simplefilter("ignore", ConvergenceWarning)

@@ -61,6 +61,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     p.add_argument("--json", action="store_true", help="print a JSON summary on rank 0")
+    p.add_argument("--exclusive-timing", action="store_true",
+                   help="clients learn one after another, so each client's CPU seconds are measured without "
+                        "its own job's other ranks competing for the cores (same model and messages)")
 
 
 def train_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -79,7 +82,8 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": args.glue,
             "clusters": args.clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
-            "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model}
+            "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
+            "exclusive_timing": bool(getattr(args, "exclusive_timing", False))}
 
 
 def _train_job(ctx: Any) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpifc.circuit.rdc import _random_feature_rdc, gtest_pvalues, rdc_matrix
+from mpifc.circuit.rdc import _random_feature_rdc, ecdf, gtest_pvalues, rdc_matrix
 from mpifc.circuit.splitting import split_columns_gtest, split_columns_rdc, split_rows
 
 
@@ -142,3 +142,27 @@ def test_ordinal_ties_make_independent_sparse_binaries_look_dependent() -> None:
     cont = rng.normal(size=(500, 3))
     np.testing.assert_allclose(rdc_matrix(cont, rng=np.random.default_rng(1)),
                                rdc_matrix(cont, rng=np.random.default_rng(1), ties="ordinal"))
+
+
+def test_rdc_matrix_equals_per_pair_cca() -> None:
+    """The batched computation (whitening once per column, one eigenproblem per unordered pair)
+    gives, for every pair, the largest canonical correlation of the two columns' random
+    features computed directly (orthonormal bases, top singular value of Q_i^T Q_j)."""
+    rng = np.random.default_rng(11)
+    n, d, k, s = 300, 4, 5, 1 / 6
+    a = rng.normal(size=n)
+    data = np.column_stack([a, a**2 + 0.3 * rng.normal(size=n), rng.normal(size=n), rng.exponential(size=n)])
+    got = rdc_matrix(data, rng=np.random.default_rng(2), k=k, s=s)
+    gauss = np.random.default_rng(2).standard_normal((d, 2, k))  # the draw rdc_matrix makes
+    u = ecdf(data, "max")
+    bases = []
+    for j in range(d):
+        f = np.sin(np.column_stack([u[:, j], np.ones(n)]) @ (gauss[j] * (s / 2)))
+        f -= f.mean(0)
+        left, sv, _ = np.linalg.svd(f, full_matrices=False)
+        bases.append(left[:, sv > 1e-5 * sv[0]])
+    for i in range(d):
+        for j in range(d):
+            want = 1.0 if i == j else np.linalg.svd(bases[i].T @ bases[j], compute_uv=False)[0]
+            assert abs(got[i, j] - want) < 1e-4, (i, j, got[i, j], want)  # ill-conditioned features
+    assert np.array_equal(got, got.T)
