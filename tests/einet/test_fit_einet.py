@@ -4,8 +4,10 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 from mpifc.circuit.einet import EiNet, fit_einet
+from mpifc.errors import UserError
 
 
 def test_fit_einet_on_binary_data_is_normalised_and_beats_uniform():
@@ -30,3 +32,18 @@ def test_fit_einet_on_real_data_uses_gaussian_leaves_and_is_finite():
     assert np.isfinite(ll).all()
     again = fit_einet(x, ["real"] * 4, seed=0, num_sums=2, epochs=2)
     assert np.array_equal(again.log_likelihood(x).numpy(), ll)
+
+
+def test_leaf_region_vars_sizes_the_trees_by_scope():
+    # leaf regions of ~leaf_region_vars variables whatever the scope: depth round(log2(d / v))
+    rng = np.random.default_rng(2)
+    for d, want in ((64, 3), (32, 2), (24, 2), (9, 1), (3, 1)):
+        x = rng.normal(size=(40, d))
+        model = fit_einet(x, ["real"] * d, seed=0, num_sums=2, repetitions=2, epochs=0, leaf_region_vars=8)
+        leaves = [model.graph.regions[r] for r in model.graph.leaf_regions()]
+        assert max(len(r) for r in leaves) <= -(-d // 2 ** want)  # ceil(d / 2^depth)
+        assert min(len(r) for r in leaves) >= d // 2 ** want
+        same = fit_einet(x, ["real"] * d, seed=0, num_sums=2, repetitions=2, epochs=0, depth=want)
+        assert same.num_parameters() == model.num_parameters()
+    with pytest.raises(UserError, match="leaf_region_vars"):
+        fit_einet(rng.normal(size=(10, 4)), ["real"] * 4, leaf_region_vars=0, epochs=0)

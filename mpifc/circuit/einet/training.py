@@ -137,11 +137,16 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
               image_shape: Sequence[int] | None = None, pd_num_pieces: Sequence[int] = (4,),
               epochs: int = 5, batch_size: int | None = 256, online_em_frequency: int = 1,
               online_em_stepsize: float = 0.5, dtype: str = "float64",
-              max_params: int | None = 100_000_000) -> EiNet:
+              max_params: int | None = 100_000_000, leaf_region_vars: int | None = None) -> EiNet:
     """Fit an EiNet client PC on ``x (n, d)`` by EM: the learner behind ``--learner einet``.
 
     ``image_shape`` selects a Poon-Domingos region graph (images); otherwise random binary trees
     of ``depth`` (clamped to ``log2 d``) and ``repetitions`` (tabular data or any subspace).
+    ``leaf_region_vars`` (random trees only) sizes the tree by its scope instead of ``depth``:
+    ``depth = round(log2(d / leaf_region_vars))`` (at least 1), so leaf regions hold about
+    ``leaf_region_vars`` variables whatever ``d``: EiNets over a client's part of the variables
+    are then as much smaller than one over all of them as their scope is (same leaf-region size,
+    fewer partitions), not as large.
     ``leaf`` defaults to Gaussian for real features and Bernoulli/Categorical for discrete ones.
     ``batch_size`` 0 or ``None`` is full-batch EM (one M-step per epoch over all rows).
     """
@@ -159,6 +164,10 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
     if image_shape is not None:
         model = EiNet.poon_domingos(image_shape, pd_num_pieces, config)
     else:
+        if leaf_region_vars is not None:
+            if int(leaf_region_vars) < 1:
+                raise UserError(f"leaf_region_vars: must be >= 1, got {leaf_region_vars}")
+            depth = int(round(np.log2(max(d, 1) / int(leaf_region_vars))))
         depth = max(1, min(int(depth), int(np.floor(np.log2(max(d, 2))))))
         model = EiNet.random_binary_trees(d, depth, repetitions, config)
     schedule = EMSchedule(num_epochs=epochs, batch_size=batch_size or None,
