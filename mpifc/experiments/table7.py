@@ -55,6 +55,20 @@ def tabnet_note() -> str:
             f"install cleanly (here: {found})")
 
 
+def leaves_note(datasets: Sequence[str]) -> str:
+    """FC[PC]'s leaves per dataset (:data:`mpifc.experiments.paper.T7_LEAVES`) and how they were chosen."""
+    def name(hp: dict[str, Any]) -> str:
+        if not hp:
+            return "learn_spn's default (Gaussian for real columns, min_var 1e-4; Bernoulli for the label)"
+        return ", ".join(f"{k}={v}" for k, v in hp.items())
+
+    per = "; ".join(f"{paper.PAPER_NAMES.get(d, d)}: {name(paper.T7_LEAVES.get(d, {}))}" for d in datasets)
+    return (f"{per}. Chosen per dataset on validation rows only (a quarter of each client's training rows, "
+            f"horizontal 5-client shards, seeds 0-1; best mean macro F1, the default kept unless another "
+            f"leaf wins by more than one validation row); the same for every setting and seed. Why: "
+            f"mpifc.experiments.paper.T7_LEAVES")
+
+
 def budgets(quick: bool) -> dict[str, int]:
     """FedAvg rounds and SplitNN epochs (the paper's TabNet budgets are not stated)."""
     return {"rounds": 3, "epochs": 2} if quick else {"rounds": 50, "epochs": 20}
@@ -101,7 +115,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         owner = "all" if cell.method == "fc-dt" and cell.setting == "vertical" else None
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows, label_owner=owner))
         if cell.method in ("fc-pc", "fc-dt"):
-            spn_hp, glue = paper.learnspn_hp(cell.setting, cell.dataset)
+            spn_hp, glue = paper.classifier_hp(cell.setting, cell.dataset)
             learner = "learnspn" if cell.method == "fc-pc" else "dt"
             hp = capped_hp(spn_hp, d) if learner == "learnspn" else {}
             tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=glue, seed=cell.seed, hp=hp)
@@ -167,6 +181,7 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
         "FC[PC] hyperparameters": "Table 4; min_instances_slice capped at 10% of the smallest client's rows; "
                                   "RDC as SPFlow's LearnSPN, which the paper used (k=20, ties ranked in row "
                                   "order: rdc_ties=ordinal; see mpifc.experiments.paper.SPFLOW_RDC)",
+        "FC[PC] leaves": leaves_note(datasets),
         "preprocessing": "as the paper's appendix E.1 (target-encoded categoricals, median imputation, "
                          "standardized features); rows: see above (the paper used every row)",
         "FedTree": "not reproduced (no Python implementation); paper values listed from its Table 7",
