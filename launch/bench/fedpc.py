@@ -98,13 +98,10 @@ PAPER_RELATIVE = {"breast-cancer": 0.21, "adult": 0.17, "credit": 0.42}
 PAPER_T7 = {"breast-cancer": (0.98, 0.98), "adult": (0.87, 0.80), "credit": (0.93, 0.68)}
 
 
-JOB = ["-m", "mpifc.runtime.fc_job"]
-
-
-def mpiexec(n: int, args: list[str], timeout: float, program: list[str] = JOB) -> dict:
+def mpiexec(n: int, args: list[str], timeout: float) -> dict:
     exe = Path(sys.executable).parent / "mpiexec"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    r = subprocess.run([str(exe), "-n", str(n), sys.executable, *program, *args],
+    r = subprocess.run([str(exe), "-n", str(n), sys.executable, "-m", "mpifc.runtime.fc_job", *args],
                        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if r.returncode != 0:
         raise SystemExit(f"job failed ({r.returncode}): {r.stderr[-2000:]}")

@@ -83,7 +83,7 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
             "clusters": args.clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
             "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
-            "exclusive_timing": bool(getattr(args, "exclusive_timing", False))}
+            "exclusive_timing": bool(args.exclusive_timing)}
 
 
 def _train_job(ctx: Any) -> int:
