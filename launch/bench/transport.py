@@ -1,29 +1,48 @@
 """Ping-pong latency and bandwidth: mpifc transport vs raw mpi4py Send/Recv, in the same run.
 
 Run: ``mpiexec -n 2 python launch/bench/transport.py [--reps N] [--out results.csv]`` (or ``mpifc
-bench transport``). For each message size four ping-pongs alternate, repetition by repetition and
-in rotating order, so all see the same machine load; the table reports medians over repetitions.
+bench transport``).
 
 What is compared (each pair does the same work apart from the transport itself):
 
 * **prealloc**: raw ``comm.Send``/``comm.Recv`` into one preallocated, already touched buffer,
-  vs mpifc ``send`` + ``recv(..., out=buf)`` into the same kind of buffer;
+  vs mpifc ``send`` + ``recv(..., out=buf)`` into the same buffer;
 * **fresh**: raw ``comm.Recv`` into a new ``np.empty`` array per message, vs mpifc ``recv``
   returning a new array per message (its default; large ones come from its buffer pool).
 
 Both mpifc paths also pack the typed header, record a ledger row per message and keep every wait
 under the deadline.
 
-``--two-message-peer`` adds a third raw peer, **raw_2msg**: the same header + payload as two raw
-MPI messages, both receives posted up front (the shape of mpifc's large-message protocol, without
-mpifc's Python work). It splits mpifc's gap to raw ``Recv(buf)`` into what the two-message protocol
-costs in MPI (raw_2msg vs raw) and what the transport's own code costs (mpifc vs raw_2msg); see
-:mod:`mpifc.runtime.transport` for why large messages are two MPI messages. Columns, per size and per pair:
+How (identical treatment of both sides of each pair). Per message size, each pair is timed on its
+own: first one untimed repetition of every member (warm-up: buffers touched, pool filled, MPI
+connections and caches warm), then ``--reps`` repetitions; in each repetition every member runs
+``iters`` round trips back to back, same buffer, in an order that rotates and reverses from one
+repetition to the next, so each member comes first, last and after each other member equally
+often. The two pairs are not interleaved with each other: raw ``Recv(np.empty)`` maps and
+page-faults a fresh array on every message (numpy asks for huge pages from 4 MiB up), and when all
+four variants were rotated together ``recv(out=)`` always ran right after it, and raw ``Recv(buf)``
+never did. (Whether that cost ``recv(out=)`` anything was not confirmed; the design rules it out.)
+Latencies are medians over repetitions; ``ratio`` and ``added`` are medians of the
+*per-repetition* ratio and difference: the members of a repetition run within milliseconds of each
+other, so slow drift of the machine's load or memory bandwidth cancels out of their ratio, which it
+does not out of a ratio of medians (on the shared 2-core machine the interquartile range of one
+variant's repetitions at 8 MiB was 8-24 % of its median, more than the effect sought).
+``ratio_*_p25``/``p75`` in the CSV give the spread of the per-repetition ratios. ``fresh/prealloc``
+(mpifc fresh ``recv`` vs raw ``Recv(buf)``) crosses the pairs and is a ratio of medians.
 
-* ``lat``: one-way time per message = round-trip time / 2, in microseconds;
+``--two-message-peer`` adds a third raw member to the prealloc pair, **raw_2msg**: the same header +
+payload as two raw MPI messages, both receives posted up front (the shape of mpifc's large-message
+protocol, without mpifc's Python work). It splits mpifc's gap to raw ``Recv(buf)`` into what the
+two-message protocol costs in MPI (raw_2msg vs raw) and what the transport's own code costs (mpifc
+vs raw_2msg); see :mod:`mpifc.runtime.transport` for why large messages are two MPI messages.
+
+Columns, per size and per pair:
+
+* ``lat``: one-way time per message = round-trip time / 2, in microseconds (median);
 * ``MB/s``: message bytes / one-way time (1 MB = 1e6 bytes);
-* ``ratio``: mpifc / raw bandwidth (target >= 0.9 from 1 MB up);
-* ``added``: mpifc latency - raw latency, in microseconds (target <= 20 for small messages).
+* ``ratio``: mpifc / raw bandwidth, median per-repetition (target >= 0.9 from 1 MB up);
+* ``added``: mpifc latency - raw latency, median per-repetition, in microseconds (target <= 20 for
+  small messages).
 """
 from __future__ import annotations
 
@@ -116,7 +135,6 @@ def raw_two_message_pingpong(comm: MPI.Comm, buf: np.ndarray, iters: int) -> flo
     return (time.perf_counter() - t0) / (2 * iters)
 
 
-VARIANTS = ("raw", "raw_fresh", "mpifc_out", "mpifc_fresh")
 CSV_HEADER = ["bytes", "iterations",
               "raw_latency_us", "mpifc_out_latency_us", "added_out_us", "raw_MBps", "mpifc_out_MBps", "ratio_out",
               "raw_fresh_latency_us", "mpifc_latency_us", "added_fresh_us", "raw_fresh_MBps", "mpifc_MBps",
@@ -125,7 +143,8 @@ CSV_HEADER = ["bytes", "iterations",
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=9, help="alternating repetitions per size (median taken)")
+    ap.add_argument("--reps", type=int, default=15,
+                    help="repetitions per size and pair, order rotating (medians taken)")
     ap.add_argument("--max-iters", type=int, default=300, help="round trips per repetition for small messages")
     ap.add_argument("--max-bytes", type=int, default=64 << 20, help="largest message size")
     ap.add_argument("--out", help="CSV file for the results (written by rank 0, atomically)")
@@ -143,28 +162,39 @@ def main() -> int:
     run = {"raw": lambda b, n: raw_pingpong(raw_comm, b, n), "raw_fresh": lambda b, n: raw_pingpong(raw_comm, b, n, True),
            "mpifc_out": lambda b, n: mpifc_pingpong(tr, b, n), "mpifc_fresh": lambda b, n: mpifc_pingpong(tr, b, n, True),
            "raw_2msg": lambda b, n: raw_two_message_pingpong(raw_comm, b, n)}
-    variants = VARIANTS + (("raw_2msg",) if opts.two_message_peer else ())
+    pairs = [["raw", "mpifc_out"] + (["raw_2msg"] if opts.two_message_peer else []), ["raw_fresh", "mpifc_fresh"]]
     rows = []
-    two_msg: list[float] = []  # raw_2msg median one-way time per size, s
+    two_msg: list[list[float]] = []  # raw_2msg per size: median one-way time (s), ratios vs raw and mpifc
+    spread: list[list[float]] = []  # per size: p25, p75 of the per-repetition ratio, out= and fresh pairs
     for size in [s for s in SIZES if s <= opts.max_bytes]:
         buf = np.zeros(size, dtype=np.uint8)
         iters = iterations_for(size, max(1, opts.max_iters))
-        for v in variants:
-            run[v](buf, 1)  # warm-up
-        times: dict[str, list[float]] = {v: [] for v in variants}
-        for rep in range(opts.reps):
-            # Rotate which goes first so drift in machine load hits all alike.
-            k = rep % len(variants)
-            for v in variants[k:] + variants[:k]:
-                times[v].append(run[v](buf, iters))
-        med = {v: float(np.median(t)) for v, t in times.items()}
+        times: dict[str, list[float]] = {}
+        for group in pairs:
+            for v in group:
+                run[v](buf, iters)  # warm-up, untimed
+            times.update({v: [] for v in group})
+            for rep in range(opts.reps):
+                k = rep % len(group)
+                order = group[k:] + group[:k]
+                if (rep // len(group)) % 2:
+                    order.reverse()  # so that each member also follows each other member equally often
+                for v in order:
+                    times[v].append(run[v](buf, iters))
+        t = {v: np.asarray(x) for v, x in times.items()}
+        med = {v: float(np.median(x)) for v, x in t.items()}
+        r_out, r_fresh = t["raw"] / t["mpifc_out"], t["raw_fresh"] / t["mpifc_fresh"]
         if opts.two_message_peer:
-            two_msg.append(med["raw_2msg"])
+            two_msg.append([med["raw_2msg"], float(np.median(t["raw"] / t["raw_2msg"])),
+                            float(np.median(t["raw_2msg"] / t["mpifc_out"]))])
+        spread.append([float(np.percentile(r_out, 25)), float(np.percentile(r_out, 75)),
+                       float(np.percentile(r_fresh, 25)), float(np.percentile(r_fresh, 75))])
         raw, rawf, out, fresh = med["raw"], med["raw_fresh"], med["mpifc_out"], med["mpifc_fresh"]
         rows.append([size, iters,
-                     raw * 1e6, out * 1e6, (out - raw) * 1e6, size / raw / 1e6, size / out / 1e6, raw / out,
-                     rawf * 1e6, fresh * 1e6, (fresh - rawf) * 1e6, size / rawf / 1e6, size / fresh / 1e6,
-                     rawf / fresh, raw / fresh])
+                     raw * 1e6, out * 1e6, float(np.median(t["mpifc_out"] - t["raw"])) * 1e6, size / raw / 1e6,
+                     size / out / 1e6, float(np.median(r_out)),
+                     rawf * 1e6, fresh * 1e6, float(np.median(t["mpifc_fresh"] - t["raw_fresh"])) * 1e6,
+                     size / rawf / 1e6, size / fresh / 1e6, float(np.median(r_fresh)), raw / fresh])
     if world.Get_rank() == 0:
         print(f"{'':>17}| {'prealloc: raw Recv(buf) vs mpifc recv(out=buf)':^53}| "
               f"{'fresh: raw Recv(np.empty) vs mpifc recv()':^53}|")
@@ -184,22 +214,32 @@ def main() -> int:
                   f"median {np.median([r[7] for r in big]):.3f}; fresh recv vs raw Recv(np.empty): min "
                   f"{min(r[13] for r in big):.3f}, median {np.median([r[13] for r in big]):.3f}; fresh recv vs raw "
                   f"Recv(buf): min {min(r[14] for r in big):.3f} (target >= 0.9)")
+            print("  recv(out=) per-repetition ratio, p25-p75: " + ", ".join(
+                f"{r[0] >> 20} MiB {q[0]:.3f}-{q[1]:.3f}" for r, q in zip(rows, spread) if r[0] >= 1 << 20))
         if two_msg:
             print(f"two-message raw peer (header + payload as two raw MPI messages, both receives posted first; "
                   f"sizes above inline_max={tr.inline_max}, below it mpifc sends one message):")
             print(f"{'bytes':>10} | {'raw_2msg lat':>12} {'raw_2msg/raw':>12} | {'mpifc(out=)/raw_2msg':>20}")
-            for r, t2 in zip(rows, two_msg):
+            for r, (t2, r2, r_out2) in zip(rows, two_msg):
                 if r[0] <= tr.inline_max:
                     continue
-                # bandwidth ratios (time ratios inverted): raw_2msg vs raw, mpifc recv(out=) vs raw_2msg
-                print(f"{r[0]:>10} | {t2 * 1e6:>12.2f} {r[2] / (t2 * 1e6):>12.3f} | {t2 * 1e6 / r[3]:>20.3f}")
-        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+                # bandwidth ratios (time ratios inverted, per repetition, median): raw_2msg vs raw,
+                # mpifc recv(out=) vs raw_2msg
+                print(f"{r[0]:>10} | {t2 * 1e6:>12.2f} {r2:>12.3f} | {r_out2:>20.3f}")
+        load = os.getloadavg()
+        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} cores")
+        if load[0] > 2.5 + (os.cpu_count() or 1) / 2:
+            # Other processes compete with the two ranks for cores and memory bandwidth: absolute
+            # times swell several-fold and the ratios stop meaning "mpifc vs raw" (mpifc, which
+            # backs off from long waits, can then even beat raw). Rerun on a quiet machine.
+            print("WARNING: the machine is loaded; these are not quiet-machine figures")
         if opts.out:
-            header, table = list(CSV_HEADER), [list(r) for r in rows]
+            header = CSV_HEADER + ["ratio_out_p25", "ratio_out_p75", "ratio_fresh_p25", "ratio_fresh_p75"]
+            table = [list(r) + q for r, q in zip(rows, spread)]
             if two_msg:
                 header += ["raw_2msg_latency_us", "ratio_2msg_vs_raw", "ratio_out_vs_2msg"]
-                for r, t2 in zip(table, two_msg):
-                    r += [t2 * 1e6, r[2] / (t2 * 1e6), t2 * 1e6 / r[3]]
+                for r, (t2, r2, r_out2) in zip(table, two_msg):
+                    r += [t2 * 1e6, r2, r_out2]
             lines = [",".join(header)]
             lines += [",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in r) for r in table]
             atomic_write_text(opts.out, "\n".join(lines) + "\n")

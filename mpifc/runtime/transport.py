@@ -18,6 +18,10 @@ Waiting and deadlines. Receives of one kind from one rank (or from any rank), pa
 and sends wait *inside MPI* (``Wait``/``Waitall``, in :meth:`Transport._guarded`), as fast as
 raw mpi4py, while a watchdog thread holds their deadline (:mod:`mpifc.runtime.watchdog`: it
 cancels the requests when the deadline passes, and aborts the job if they cannot be cancelled).
+The waits for header, payload and send completion are preceded by one ``Test``: a message
+that is already there then skips the watchdog and MPI's blocking wait (measured on a busy
+node: test-then-wait 1.1-1.7x faster per message than a plain wait, for raw mpi4py as for the
+transport).
 Waits over several ``(source, kind)`` pairs (:meth:`Transport.recv_any_kind`, the actor loop)
 poll ``Improbe`` from Python: they spin for ``spin_s``, yielding the core now and then, then
 back off with short sleeps so a rank that waits for a computing peer does not burn a core. When
@@ -352,6 +356,14 @@ class Transport:
             bfloat16 comes back as float32; use :meth:`recv_tensor` to keep it).
         """
         k = kind if type(kind) is MessageKind else as_kind(kind)
+        if (type(out) is np.ndarray and self.inline_max < out.nbytes <= self.chunk_bytes and self._guard is not None
+                and type(source) is int and 0 <= source < self.size):
+            # recv(out=) of a large array, the hot loop's case: straight to the pre-posted path
+            # (the same test as in _recv_posted, without its extra call and repeated checks).
+            f = out.flags
+            if f.c_contiguous and f.writeable:
+                value, flags = self._recv_preposted(source, k, out)
+                return value if not flags & (wire.FLAG_PICKLE | wire.FLAG_BF16) else self._as_array(value, flags, k)
         value, flags = self._recv_posted(source, k, out)
         if flags & (wire.FLAG_PICKLE | wire.FLAG_BF16):
             return self._as_array(value, flags, k)
@@ -781,13 +793,19 @@ class Transport:
             # this receive (the array itself is the buffer; no byte view).
             statuses = [self._pstatus]
             if pre is None or not self._wait_prepost(pre, describe):
-                self._block([comm.Irecv([arr, nbytes, _BYTE], src, tag)], statuses, describe)
+                req = comm.Irecv([arr, nbytes, _BYTE], src, tag)
+                # One poll before the guarded wait: the payload usually follows its header at once, and
+                # a test that completes it skips arming the watchdog (and, on a busy node, MPI's
+                # blocking wait, measured slower there than test-then-wait).
+                if not req.Test(statuses[0]):
+                    self._block([req], statuses, describe)
         else:
             view = _byte_view(arr)
             reqs = [comm.Irecv([view[c * chunk: (c + 1) * chunk], min(chunk, max(nbytes - c * chunk, 0)), _BYTE],
                                src, tag) for c in range(n_chunks)]
             statuses = [MPI.Status() for _ in reqs]
-            self._block(reqs, statuses, describe)
+            if not MPI.Request.Testall(reqs, statuses):
+                self._block(reqs, statuses, describe)
         got = 0
         for st in statuses:
             got += st.Get_count(_BYTE)

@@ -29,4 +29,8 @@ def test_bench_transport_smoke(tmp_path):
         assert math.isclose(float(x["added_fresh_us"]), fresh - rawf, rel_tol=1e-4, abs_tol=0.05)
         assert math.isclose(float(x["ratio_out"]), raw / out_, rel_tol=1e-3)
         assert math.isclose(float(x["ratio_fresh"]), rawf / fresh, rel_tol=1e-3)
+        # One repetition: the per-repetition ratios' quartiles are that repetition's ratio.
+        for q in ("p25", "p75"):
+            assert math.isclose(float(x[f"ratio_out_{q}"]), float(x["ratio_out"]), rel_tol=1e-4)
+            assert math.isclose(float(x[f"ratio_fresh_{q}"]), float(x["ratio_fresh"]), rel_tol=1e-4)
     assert "added latency" in r.stdout

@@ -189,6 +189,26 @@ def test_preposted_out_round_trips_and_ledger_counts_the_bytes():
             (src.nbytes, wire.header_size(src.ndim), 2)
 
 
+def test_recv_out_fast_dispatch_keeps_flags_and_source_types():
+    # recv(out=) goes straight to the pre-posted path for a large out= and an int source; a
+    # bfloat16 message (its uint16 bits fill out=) still comes back as float32 values, and a
+    # numpy-integer source takes the general path to the same result.
+    torch = pytest.importorskip("torch")
+    tr = make_transport(inline_max=64)
+    vals = torch.arange(40, dtype=torch.float32).to(torch.bfloat16)
+    out = np.empty(40, np.uint16)
+    p = tr.isend(vals, 0, ARR)
+    got = tr.recv(0, ARR, out=out)
+    p.wait()
+    assert got.dtype == np.float32 and got.tolist() == list(range(40))
+    assert out.tobytes() == vals.view(torch.int16).numpy().tobytes()
+    src = np.arange(40, dtype=np.float64)
+    p = tr.isend(src, 0, ARR)
+    out64 = np.empty(40)
+    assert tr.recv(np.int64(0), ARR, out=out64) is out64 and out64.tolist() == src.tolist()
+    p.wait()
+
+
 def test_preposted_out_with_inline_mismatch_is_refused_and_the_stream_goes_on():
     tr = make_transport(inline_max=64)
     out = np.empty(100, np.float64)
