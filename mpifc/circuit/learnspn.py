@@ -165,16 +165,26 @@ class _LeafMaker:
     """
 
     def __init__(self, x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> None:
-        from mpifc.circuit.leaves import fit_leaf
+        from mpifc.circuit.leaves import FixedBins, Histogram, PiecewiseLinear, fit_leaf
 
         self._fit = fit_leaf
+        self._fit_hist = Histogram.fit_fixed
+        self._fit_pw = PiecewiseLinear.fit_fixed
         self._info = info
         self._p = p
         self._kinds = [_leaf_kind(m, c, p.leaf) for m, c in zip(info.meta, info.cards)]
         self._breaks: dict[int, np.ndarray] = {}
+        self._bins: dict[int, Any] = {}
         for j, kind in enumerate(self._kinds):
             if kind in ("histogram", "piecewise"):
                 self._breaks[j] = _global_breaks(x[:, j], info.meta[j], info.cards[j])
+                self._bins[j] = FixedBins(self._breaks[j])
+        # Histogram / piecewise leaves reuse each column's bin geometry (bit-identical to the
+        # generic fit, ~2.5x cheaper) unless leaf_kwargs asks for something the fast fit lacks.
+        self._fixed = set(p.leaf_kwargs) <= {"alpha", "tail"}
+        self._fixed_hp = {"alpha": p.leaf_kwargs.get("alpha", p.alpha)}
+        if "tail" in p.leaf_kwargs:
+            self._fixed_hp["tail"] = p.leaf_kwargs["tail"]
 
     def __call__(self, var: int, values: np.ndarray) -> LeafNode:
         node = self._make(var, values)
@@ -195,6 +205,11 @@ class _LeafMaker:
         if kind == "categorical":
             hp.setdefault("n_categories", info.cards[var])
             return LeafNode(var, self._fit("categorical", values, leaf="categorical", **hp))
+        if self._fixed:
+            if kind == "histogram":
+                return LeafNode(var, self._fit_hist(values, self._bins[var], discrete=meta != "real",
+                                                    **self._fixed_hp))
+            return LeafNode(var, self._fit_pw(values, self._bins[var], **self._fixed_hp))
         breaks = self._breaks[var].copy()
         if kind == "histogram":
             hp.setdefault("breaks", breaks)
