@@ -71,11 +71,29 @@ def learnspn_hp(setting: str, dataset: str) -> tuple[dict[str, object], str]:
 # rows of the horizontal 5-client shards, seeds 0 and 1; the test rows never read): mean macro
 # F1 over both seeds, the default kept unless another leaf is better by more than one validation
 # row.
+# Session 5 measured one bin per distinct value for real columns with few values (edges halfway
+# between values) and rejected it: on validation rows Income macro F1 rose by 0.004 (histogram
+# alpha=0.01), but the density fit fell (adult, central LearnSPN on 8,000 training rows: test
+# LL histogram 6.43 -> -5.59, piecewise -3.11 -> -9.91 nats per row), because a value's bin then
+# spans the whole gap to its neighbours instead of the equal-width resolution.
 T7_LEAVES: dict[str, dict[str, object]] = {
     "breast-cancer": {},
     "credit": {},
     "adult": {"leaf": "histogram", "alpha": 0.01},
 }
+
+# Who holds the label in FC[PC]'s hybrid shards, per dataset (default: every client, the
+# partition's default; FC[DT] always needs it everywhere). With the combinatorial glue the
+# product weights are products of cluster fractions, so the root factorises over subspaces and
+# p(y | x) = p(y | the features of the label's subspace). A label held by every client sits in the
+# shared block (a quarter of the features, drawn at random), and the clients' private features
+# never inform the prediction (Income hybrid macro F1 0.47 in session 4). Held by client 0, as in
+# FC[PC]'s vertical shards, it sits with client 0's private block instead. Chosen on validation
+# rows only (a quarter of each client's training rows, hybrid shards, scored on client 0's rows),
+# with T7_LEAVES' leaves: Income 2 clients seeds 0/1 macro F1 .714/.635 (client 0) vs .687/.433
+# (all), 3 clients seed 0 .682 vs .491 -> client 0; Credit .609/.609 vs .631/.589, a tie -> the
+# default.
+T7_HYBRID_LABEL_OWNER: dict[str, int | str] = {"adult": 0}
 
 
 def classifier_hp(setting: str, dataset: str) -> tuple[dict[str, object], str]:

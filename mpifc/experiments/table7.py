@@ -69,6 +69,31 @@ def leaves_note(datasets: Sequence[str]) -> str:
             f"mpifc.experiments.paper.T7_LEAVES")
 
 
+def label_owner(cell: Cell) -> int | str | None:
+    """The cell's ``label_owner`` shard option (None: the partition's default).
+
+    FC[DT] needs the label on every client (vertical: ``"all"``); FC[PC]'s hybrid shards put it
+    where :data:`mpifc.experiments.paper.T7_HYBRID_LABEL_OWNER` says.
+    """
+    if cell.method == "fc-dt" and cell.setting == "vertical":
+        return "all"
+    if cell.method == "fc-pc" and cell.setting == "hybrid":
+        return paper.T7_HYBRID_LABEL_OWNER.get(cell.dataset)
+    return None
+
+
+def hybrid_label_note(datasets: Sequence[str]) -> str:
+    """Who holds the label in FC[PC]'s hybrid shards, per dataset, and why (recorded in the markdown)."""
+    def who(owner: int | str | None) -> str:
+        return "every client (default)" if owner in (None, "all") else f"client {owner} only"
+
+    per = "; ".join(f"{paper.PAPER_NAMES.get(d, d)}: {who(paper.T7_HYBRID_LABEL_OWNER.get(d))}" for d in datasets)
+    return (f"{per}. With the combinatorial glue p(y | x) only sees the label's subspace: held by every "
+            f"client the label sits in the shared block (a quarter of the features); held by client 0 (as in "
+            f"FC[PC]'s vertical shards) it sits with client 0's private features. Chosen on validation rows "
+            f"only; FC[DT] keeps the label on every client. Why: mpifc.experiments.paper.T7_HYBRID_LABEL_OWNER")
+
+
 def budgets(quick: bool) -> dict[str, int]:
     """FedAvg rounds and SplitNN epochs (the paper's TabNet budgets are not stated)."""
     return {"rounds": 3, "epochs": 2} if quick else {"rounds": 50, "epochs": 20}
@@ -112,7 +137,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
             d = cache.get(ShardSpec(cell.dataset, "central", 1, cell.seed, max_rows=rows))
             res = central_hgb(d, cell.seed)
             return {"accuracy": res["accuracy"], "f1": res["f1"], "bytes_train": 0, "wall_seconds": res["wall_seconds"]}
-        owner = "all" if cell.method == "fc-dt" and cell.setting == "vertical" else None
+        owner = label_owner(cell)
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows, label_owner=owner))
         if cell.method in ("fc-pc", "fc-dt"):
             spn_hp, glue = paper.classifier_hp(cell.setting, cell.dataset)
@@ -124,7 +149,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
             return {"accuracy": ev["accuracy"], "f1": ev["f1"], "f1_binary": ev.get("f1_binary"),
                     "test_ll": ev["test_ll"], "bytes_train": tr["bytes_train"],
                     "train_seconds_critical_path": tr["train_seconds_critical_path"], "ranks": tr["ranks"],
-                    "label_owner": owner or "default", "hp": hp, "model": str(model),
+                    "label_owner": "default" if owner is None else owner, "hp": hp, "model": str(model),
                     "predictions": str(model.with_suffix(".test.npz")), "cached_run": tr["cached"]}
         if cell.method == "fedavg":
             res = run_fedavg(launch, d, cache.runs, cell.seed, rounds=b["rounds"])
@@ -182,6 +207,7 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
                                   "RDC as SPFlow's LearnSPN, which the paper used (k=20, ties ranked in row "
                                   "order: rdc_ties=ordinal; see mpifc.experiments.paper.SPFLOW_RDC)",
         "FC[PC] leaves": leaves_note(datasets),
+        "FC[PC] hybrid label": hybrid_label_note(datasets),
         "preprocessing": "as the paper's appendix E.1 (target-encoded categoricals, median imputation, "
                          "standardized features); rows: see above (the paper used every row)",
         "FedTree": "not reproduced (no Python implementation); paper values listed from its Table 7",
