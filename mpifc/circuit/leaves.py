@@ -850,17 +850,25 @@ def _trapezoid(y: np.ndarray, steps: np.ndarray) -> float:
     return (steps * (y[1:] + y[:-1]) / 2.0).sum()
 
 
+def _fixed_densities(v: np.ndarray, edges: np.ndarray, widths: np.ndarray,
+                     alpha: float) -> tuple[np.ndarray, float, bool]:
+    """Smoothed bin densities of ``v`` on fixed edges, as the generic histogram fit computes them:
+    ``(densities, their mass, whether they are valid)`` (finite, non-negative, mass 1 +- 1e-6)."""
+    c = _fixed_counts(v, edges) + alpha
+    if c.sum() <= 0:
+        c = np.ones_like(c)
+    d = c / c.sum() / widths
+    mass = float((d * widths).sum())
+    return d, mass, bool(np.all(np.isfinite(d)) and not np.any(d < 0) and abs(mass - 1) <= 1e-6)
+
+
 def _histogram_fit_fixed(cls: type, values: Any, bins: FixedBins, discrete: bool = False, alpha: float = 1.0,
                          tail: float = TAIL_MASS) -> Any:
     v = _fixed_values(values)
     if v is None:
         return cls.fit(values, discrete=discrete, alpha=alpha, breaks=bins.edges.copy(), tail=tail)
-    c = _fixed_counts(v, bins.edges) + alpha
-    if c.sum() <= 0:
-        c = np.ones_like(c)
-    d = c / c.sum() / bins.widths
-    mass = float((d * bins.widths).sum())
-    if not (np.all(np.isfinite(d)) and not np.any(d < 0) and abs(mass - 1) <= 1e-6):
+    d, mass, ok = _fixed_densities(v, bins.edges, bins.widths, alpha)
+    if not ok:
         return cls(bins.edges.copy(), d, discrete, alpha, tail)  # raises as the generic fit would
     obj = cls.__new__(cls)
     obj._p = {"breaks": bins.edges.copy(), "densities": d / mass, "discrete": np.array(float(discrete)),
@@ -880,12 +888,8 @@ def _piecewise_fit_fixed(cls: type, values: Any, bins: FixedBins, alpha: float =
             bins = bins.constant(lo)
         except UserError:  # value +- 0.5 not representable: let the generic fit decide
             return cls.fit(values, bins=bins.edges.copy(), alpha=alpha, tail=tail)
-    c = _fixed_counts(v, bins.pw_edges) + alpha
-    if c.sum() <= 0:
-        c = np.ones_like(c)
-    d = c / c.sum() / bins.pw_widths
-    mass = float((d * bins.pw_widths).sum())
-    if not (np.all(np.isfinite(d)) and not np.any(d < 0) and abs(mass - 1) <= 1e-6):
+    d, mass, ok = _fixed_densities(v, bins.pw_edges, bins.pw_widths, alpha)
+    if not ok:
         return cls.fit(values, bins=bins.edges.copy(), alpha=alpha, tail=tail)
     ys = np.concatenate([[0.0], d / mass, [0.0]])
     ys = ys / _trapezoid(ys, bins.knot_steps)
