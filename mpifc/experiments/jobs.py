@@ -109,7 +109,7 @@ def cached_job(launcher: Launcher, runs: Path, module: str, ranks: int, args: li
 
     The job's output files (``outputs``: flag -> file name) go to ``runs/<key>/``, where ``key``
     hashes the command without them; its JSON result is saved there last. Experiments sharing a
-    shard cache thus share identical runs (commcost reuses table7's), and an interrupted
+    shard cache thus share identical runs (commcost reuses table7's where their settings agree), and an interrupted
     experiment resumes job by job. Shard directories are named by everything that made them,
     so the same arguments mean the same data.
 

@@ -3,7 +3,9 @@
 Methods per (dataset, setting, clients, seed):
 
 * ``fc-pc``: FedPC with LearnSPN leaves (Table 4 hyperparameters), classifying by arg-max of
-  ``log p(x, y = c)``; ``fc-dt``: FC[DT], one tree per client averaged at the root. FC[DT] needs
+  ``log p(x, y = c)``; vertical cells use the cooccurrence glue where
+  :data:`mpifc.experiments.paper.T7_GLUE` says (a deviation from Table 4, chosen on validation
+  rows); ``fc-dt``: FC[DT], one tree per client averaged at the root. FC[DT] needs
   the label on every client, so its vertical shards give every client the target column (the
   paper does not say how it labelled vertical trees; this is recorded in the table);
 * ``fedavg`` (horizontal) and ``splitnn`` (vertical): MLPs on mpifc's runtime. TabNet is not
@@ -94,6 +96,55 @@ def hybrid_label_note(datasets: Sequence[str]) -> str:
             f"only; FC[DT] keeps the label on every client. Why: mpifc.experiments.paper.T7_HYBRID_LABEL_OWNER")
 
 
+def glue_note(datasets: Sequence[str]) -> str:
+    """FC[PC]'s glue and K per setting and dataset (:data:`mpifc.experiments.paper.T7_GLUE`), and why."""
+    per = []
+    for st in ("vertical", "hybrid"):
+        per.append(f"{st}: " + ", ".join(f"{paper.PAPER_NAMES.get(d, d)} {g} K={k}"
+                                        for d in datasets for g, k in [paper.classifier_glue(st, d)]))
+    return (f"{'; '.join(per)}; horizontal: one mixture over the clients (no glue). Table 4 gives "
+            f"combinatorial (product weights = products of per-client cluster fractions: independent "
+            f"per-client mixtures, so p(y | x) sees only the label owner's features); the vertical cells "
+            f"deviate to the opt-in cooccurrence glue, which reveals to the server one K-ary cluster id per "
+            f"aligned sample id and client (never feature values) and weighs each observed combination by its "
+            f"joint frequency. Chosen per dataset on validation rows only (vertical 2/3-client shards, seeds "
+            f"0-1, a quarter of the training rows; best mean macro F1, the default kept unless another wins by "
+            f"more than one validation row). Hybrid shards split the rows (no aligned ids), so hybrid keeps "
+            f"combinatorial. Why: mpifc.experiments.paper.T7_GLUE")
+
+
+def cell_config(cell: Cell) -> dict[str, Any]:
+    """What an FC cell's result depends on beyond its key: glue, K and label owner, as recorded.
+
+    A stored cell whose record differs (e.g. one run with an earlier glue) is not reused.
+    Records written before the glue was recorded ran Table 4's glue with K = 2.
+    """
+    if cell.method not in ("fc-pc", "fc-dt"):
+        return {}
+    if cell.method == "fc-pc":
+        glue, k = paper.classifier_glue(cell.setting, cell.dataset)
+    else:
+        glue, k = paper.classifier_hp(cell.setting, cell.dataset)[1], paper.T7_DEFAULT_CLUSTERS
+    owner = label_owner(cell)
+    return {"glue": glue, "clusters": k, "label_owner": "default" if owner is None else owner}
+
+
+def recorded_config(cell: Cell, rec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`cell_config` as a stored record states it (absent glue/K: Table 4's glue, K = 2)."""
+    if cell.method not in ("fc-pc", "fc-dt"):
+        return {}
+    return {"glue": rec.get("glue", paper.classifier_hp(cell.setting, cell.dataset)[1]),
+            "clusters": rec.get("clusters", paper.T7_DEFAULT_CLUSTERS), "label_owner": rec.get("label_owner")}
+
+
+class ConfigCheckedStore(ResultStore):
+    """Table 7's cells: a finished cell counts as done only if it ran the current configuration."""
+
+    def done(self, cell: Cell) -> bool:
+        rec = self.load(cell)
+        return rec is not None and rec.get("status") == OK and recorded_config(cell, rec) == cell_config(cell)
+
+
 def budgets(quick: bool) -> dict[str, int]:
     """FedAvg rounds and SplitNN epochs (the paper's TabNet budgets are not stated)."""
     return {"rounds": 3, "epochs": 2} if quick else {"rounds": 50, "epochs": 20}
@@ -113,7 +164,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
             (e.g. after runs over parts of the grid; each row says over how many seeds).
     """
     out = Path(out_dir)
-    store = ResultStore(out)
+    store = ConfigCheckedStore(out)
     datasets = [d for d in (datasets or (("breast-cancer",) if quick else DATASETS)) if not is_image_set(d)]
     grid = [g for g in (grid or (QUICK_GRID if quick else GRID)) if not settings or g[0] in settings]
     rows = max_rows if max_rows is not None else (QUICK_ROWS if quick else None)
@@ -140,16 +191,18 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         owner = label_owner(cell)
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows, label_owner=owner))
         if cell.method in ("fc-pc", "fc-dt"):
-            spn_hp, glue = paper.classifier_hp(cell.setting, cell.dataset)
+            spn_hp, _ = paper.classifier_hp(cell.setting, cell.dataset)
+            conf = cell_config(cell)
             learner = "learnspn" if cell.method == "fc-pc" else "dt"
             hp = capped_hp(spn_hp, d) if learner == "learnspn" else {}
-            tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=glue, seed=cell.seed, hp=hp)
+            tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=conf["glue"],
+                                 clusters=conf["clusters"], seed=cell.seed, hp=hp)
             model = Path(tr["model_path"])
             ev = evaluate_fc(d, model, npz=model.with_suffix(".test.npz"))
             return {"accuracy": ev["accuracy"], "f1": ev["f1"], "f1_binary": ev.get("f1_binary"),
                     "test_ll": ev["test_ll"], "bytes_train": tr["bytes_train"],
                     "train_seconds_critical_path": tr["train_seconds_critical_path"], "ranks": tr["ranks"],
-                    "label_owner": "default" if owner is None else owner, "hp": hp, "model": str(model),
+                    **conf, "hp": hp, "model": str(model), "ledger": tr["ledger_path"],
                     "predictions": str(model.with_suffix(".test.npz")), "cached_run": tr["cached"]}
         if cell.method == "fedavg":
             res = run_fedavg(launch, d, cache.runs, cell.seed, rounds=b["rounds"])
@@ -208,6 +261,7 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
                                   "order: rdc_ties=ordinal; see mpifc.experiments.paper.SPFLOW_RDC)",
         "FC[PC] leaves": leaves_note(datasets),
         "FC[PC] hybrid label": hybrid_label_note(datasets),
+        "FC[PC] glue": glue_note(datasets),
         "preprocessing": "as the paper's appendix E.1 (target-encoded categoricals, median imputation, "
                          "standardized features); rows: see above (the paper used every row)",
         "FedTree": "not reproduced (no Python implementation); paper values listed from its Table 7",
