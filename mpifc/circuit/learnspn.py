@@ -34,7 +34,7 @@ from mpifc.circuit.splitting import (
     split_rows,
     single_native_thread,
 )
-from mpifc.circuit.rdc import TIES as RDC_TIES
+from mpifc.circuit.rdc import TIES as RDC_TIES, reuse_work_arrays
 from mpifc.errors import UserError
 
 META_TYPES = ("real", "discrete", "categorical")
@@ -173,12 +173,12 @@ class _LeafMaker:
         self._info = info
         self._p = p
         self._kinds = [_leaf_kind(m, c, p.leaf) for m, c in zip(info.meta, info.cards)]
-        self._breaks: dict[int, np.ndarray] = {}
-        self._bins: dict[int, Any] = {}
-        for j, kind in enumerate(self._kinds):
-            if kind in ("histogram", "piecewise"):
+        binned = [j for j, kind in enumerate(self._kinds) if kind in ("histogram", "piecewise")]
+        self._breaks: dict[int, np.ndarray] = _real_breaks(x, [j for j in binned if info.meta[j] == "real"])
+        for j in binned:
+            if j not in self._breaks:
                 self._breaks[j] = _global_breaks(x[:, j], info.meta[j], info.cards[j])
-                self._bins[j] = FixedBins(self._breaks[j])
+        self._bins: dict[int, Any] = {j: FixedBins(self._breaks[j]) for j in binned}
         # Histogram / piecewise leaves reuse each column's bin geometry (bit-identical to the
         # generic fit, ~2.5x cheaper) unless leaf_kwargs asks for something the fast fit lacks.
         self._fixed = set(p.leaf_kwargs) <= {"alpha", "tail"}
@@ -239,6 +239,44 @@ def _global_breaks(column: np.ndarray, meta: str, card: int) -> np.ndarray:
     return np.concatenate([[lo - pad], br, [br[-1] + pad]])
 
 
+def _real_breaks(x: np.ndarray, cols: Sequence[int]) -> dict[int, np.ndarray]:
+    """:func:`_global_breaks` of the real columns ``cols`` of ``x``, bit for bit, at a fraction of
+    the cost: one batched percentile instead of one ``np.histogram_bin_edges`` per column.
+
+    Repeats numpy's ``bins="auto"`` rule (numpy 2.x: the smaller of Sturges' width and the
+    Freedman-Diaconis width, the latter at least half the square-root rule's width; then
+    ``ceil(range / width)`` equal bins by ``linspace``) with the same operations in the same
+    order; ``tests/circuit/test_fixed_cost_fast_paths.py`` checks it against numpy's edges. A
+    constant or non-finite column, or edges that would not increase, take the generic path.
+    """
+    out: dict[int, np.ndarray] = {}
+    if not cols:
+        return out
+    sub = x[:, list(cols)]
+    n = sub.shape[0]
+    lows, highs = sub.min(0), sub.max(0)
+    q75, q25 = np.percentile(sub, [75, 25], axis=0)
+    cube, sturges_div, sqrt_div = n ** (-1.0 / 3.0), np.log2(n) + 1.0, np.sqrt(n)
+    for pos, j in enumerate(cols):
+        first, last = lows[pos], highs[pos]
+        if not (np.isfinite(first) and np.isfinite(last) and last > first):
+            continue  # the caller's generic path
+        ptp = np.subtract(last, first)
+        fd = 2.0 * np.subtract(q75[pos], q25[pos]) * cube
+        width = min(max(fd, ptp / sqrt_div / 2), ptp / sturges_div)
+        n_bins = int(np.ceil(np.subtract(last, first) / width)) if width else 1
+        br = np.linspace(first, last, n_bins + 1, endpoint=True, dtype=np.float64)
+        if np.any(br[:-1] >= br[1:]):
+            continue
+        lo, hi = float(first), float(last)
+        if len(br) > 65:  # as _global_breaks
+            br = np.linspace(lo, hi, 65)
+        br[-1] = np.nextafter(br[-1], np.inf)
+        pad = 0.25 * (hi - lo)
+        out[j] = np.concatenate([[lo - pad], br, [br[-1] + pad]])
+    return out
+
+
 def _constant_columns(block: np.ndarray, meta: Sequence[str]) -> np.ndarray:
     """Boolean mask of columns with one value (or, for real columns, numerically zero variance)."""
     lo, hi = block.min(0), block.max(0)
@@ -253,7 +291,8 @@ def _constant_columns(block: np.ndarray, meta: Sequence[str]) -> np.ndarray:
 def learn_structure(data: Any, meta_types: Sequence[str], params: LearnSPNParams) -> Node:
     """Run LearnSPN and return the (collapsed, validated) root node; see :func:`learn_spn`."""
     x, info = _check_inputs(data, meta_types, params)
-    with single_native_thread():
+    # One RDC per column split: its large work arrays are kept for the whole run (rdc.py).
+    with single_native_thread(), reuse_work_arrays():
         root = _grow(x, info, params)
     root = collapse(root)
     validate(root)

@@ -17,7 +17,9 @@ cross-covariance block, and the largest one is read off a batched ``(k, k)`` eig
 """
 from __future__ import annotations
 
-from typing import Sequence
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 from scipy.stats import chi2, rankdata
@@ -38,6 +40,46 @@ _ABS_TOL = 1e-13
 
 _ROW_CHUNK = 8192
 """Rows per block when accumulating the feature covariance (bounds memory to O(chunk * d * k))."""
+
+
+_WORK = threading.local()
+
+
+@contextmanager
+def reuse_work_arrays() -> Iterator[None]:
+    """Within this block (per thread; re-entrant), :func:`rdc_matrix` keeps its large work arrays
+    between calls instead of allocating them afresh.
+
+    One RDC over ``d`` columns with ``k`` features allocates several ``(d k, d k)`` and
+    ``(d (d-1) / 2, k, k)`` float64 temporaries (~15 MB at d = 31, k = 20). Freed after every
+    call, the allocator hands the pages back to the OS and the next call faults them in again
+    (measured ~3,500 minor page faults per such call, about as long as the arithmetic on slices
+    of a hundred rows). LearnSPN runs one RDC per column split, so :func:`mpifc.circuit.learnspn`
+    wraps its whole run in this block; the arrays are dropped when the block ends.
+    """
+    if getattr(_WORK, "arrays", None) is not None:
+        yield
+        return
+    _WORK.arrays = {}
+    try:
+        yield
+    finally:
+        _WORK.arrays = None
+
+
+def _work(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float64 array of ``shape`` with undefined contents: inside :func:`reuse_work_arrays` a
+    view of the buffer kept under ``name`` (grown when too small), else a fresh one."""
+    arrays = getattr(_WORK, "arrays", None)
+    if arrays is None:
+        return np.empty(shape)
+    size = 1
+    for s in shape:
+        size *= int(s)
+    buf = arrays.get(name)
+    if buf is None or buf.size < size:
+        buf = arrays[name] = np.empty(size)
+    return buf[:size].reshape(shape)
 
 
 TIES = ("max", "ordinal")
@@ -130,31 +172,50 @@ def _random_feature_rdc(
     rng: np.random.Generator,
     ties: str = "max",
 ) -> np.ndarray:
-    """The general RDC computation behind :func:`rdc_matrix` (same arguments)."""
+    """The general RDC computation behind :func:`rdc_matrix` (same arguments).
+
+    The large intermediates (the ``(d k, d k)`` moment matrices, the ``(d (d-1) / 2, k, k)``
+    stacks of cross blocks) are written into :func:`_work` arrays with ``out=``: the same
+    operations on the same operands, so the same bits, but inside :func:`reuse_work_arrays`
+    no fresh pages per call (see there).
+    """
     n, d = data.shape
     inputs = _copula_inputs(data, categorical, cards, ties)
     kk = max([k] + [int(cards[j]) for j in range(d) if categorical[j]])
+    m = d * kk
     # Same-shaped projections for every column (zero-padded rows for narrower inputs) let one
-    # einsum build all features at once.
+    # batched matmul build all features at once.
     width = max(x.shape[1] for x in inputs)
-    xin = np.zeros((n, d, width))
+    xin = _work("xin", (n, d, width))
+    xin.fill(0.0)
     proj = np.zeros((d, width, kk))
     gauss = rng.standard_normal((d, width, kk))
     for j, x in enumerate(inputs):
         xin[:, j, : x.shape[1]] = x
         proj[j, : x.shape[1]] = gauss[j, : x.shape[1]] * (s / x.shape[1])
-    xin = np.ascontiguousarray(xin.transpose(1, 0, 2))  # (d, n, width): batched matmul layout
+    xt = _work("xt", (d, n, width))  # (d, n, width): batched matmul layout
+    np.copyto(xt, xin.transpose(1, 0, 2))
 
     # Mean and raw second moments of the (n, d*kk) feature matrix, accumulated in row blocks.
-    total = np.zeros(d * kk)
-    gram = np.zeros((d * kk, d * kk))
+    total = np.zeros(m)
+    gram = _work("gram", (m, m))
     for lo in range(0, n, _ROW_CHUNK):
-        feats = np.sin(np.matmul(xin[:, lo : lo + _ROW_CHUNK], proj))  # (d, rows, kk)
-        feats = feats.transpose(1, 0, 2).reshape(-1, d * kk)
+        rows = min(n, lo + _ROW_CHUNK) - lo
+        lin = np.matmul(xt[:, lo : lo + rows], proj, out=_work("lin", (d, rows, kk)))
+        f3 = np.sin(lin, out=_work("f3", (d, rows, kk)))  # (d, rows, kk)
+        feats = _work("feats", (rows, m))
+        np.copyto(feats.reshape(rows, d, kk), f3.transpose(1, 0, 2))
         total += feats.sum(0)
-        gram += feats.T @ feats
+        if lo == 0:  # gram = 0.0 + the first block's products (0.0 + x, bit for bit)
+            np.matmul(feats.T, feats, out=gram)
+            gram += 0.0
+        else:  # later blocks: products into pair stack a's buffer (unused until the pairs below)
+            gram += np.matmul(feats.T, feats, out=_work("pairs_a", (m, m)))
     mean = total / n
-    cov = gram / n - np.outer(mean, mean)
+    # cov = gram / n - outer(mean, mean), in place and a row block at a time (same values).
+    cov = np.divide(gram, n, out=gram)
+    for i in range(d):
+        cov[i * kk : (i + 1) * kk] -= np.outer(mean[i * kk : (i + 1) * kk], mean)
     blocks = cov.reshape(d, kk, d, kk).transpose(0, 2, 1, 3)  # (d, d, kk, kk)
 
     # Whitening per column: W_j = V diag(lam^-1/2) on the directions that exist.
@@ -173,8 +234,19 @@ def _random_feature_rdc(
     # (i, j) one and has the same singular values, and the diagonal is 1 by definition. The
     # batched (k, k) eigensolves are the fixed cost of a split, which dominates on small slices.
     iu, ju = np.triu_indices(d, 1)
-    cross = np.matmul(np.matmul(white[iu].transpose(0, 2, 1), blocks[iu, ju]), white[ju])
-    sym = np.matmul(cross, cross.transpose(0, 2, 1))
+    shape = (len(iu), kk, kk)
+    # Three stacks of pair blocks serve six intermediates, each written once its previous
+    # occupant is dead: a = blocks[iu, ju] -> cross, b = white[iu] -> white[ju], c = left -> sym.
+    a, b, c = (_work(f"pairs_{name}", shape) for name in "abc")
+    start = 0
+    for i in range(d - 1):  # a = blocks[iu, ju], a row of blocks at a time (iu is sorted)
+        a[start : start + d - 1 - i] = blocks[i, i + 1 :]
+        start += d - 1 - i
+    np.take(white, iu, axis=0, out=b)
+    left = np.matmul(b.transpose(0, 2, 1), a, out=c)
+    np.take(white, ju, axis=0, out=b)
+    cross = np.matmul(left, b, out=a)
+    sym = np.matmul(cross, cross.transpose(0, 2, 1), out=c)
     top = np.sqrt(np.clip(np.linalg.eigvalsh(sym)[:, -1], 0.0, 1.0))
     out = np.eye(d)
     out[iu, ju] = top
