@@ -87,6 +87,8 @@ _HEADER_FIXED = wire.HEADER_FIXED
 _MAX_NDIM = wire.MAX_NDIM
 _INLINE = wire.FLAG_INLINE
 _BYTE = MPI.BYTE
+_MAGIC = wire.MAGIC
+_VERSION = wire.VERSION
 _T_SEND = struct.Struct("<d")  # a header's send time, at byte 16
 _INF = float("inf")
 
@@ -211,7 +213,7 @@ class Transport:
         self._hbuf = bytearray(wire.header_size(wire.MAX_NDIM) + self.inline_max)
         self._sbuf = bytearray(len(self._hbuf))  # blocking small sends pack here
         self._smv = memoryview(self._sbuf)
-        self._send_statuses = [MPI.Status(), MPI.Status()]
+        self._send_statuses = [MPI.Status()]  # of one send request (_send_large waits for one at a time)
         self._hmv = memoryview(self._hbuf)
         self.pool = RecvBufferPool()  # big receives reuse buffers their arrays no longer hold
         self._to_self: list[PendingSend] = []   # sends to this rank, kept alive until received
@@ -254,7 +256,7 @@ class Transport:
         # everything but packing done after the message is on its way.
         ndim = arr.ndim
         hlen = _HEADER_FIXED + 8 * ndim
-        _HEADER_STRUCTS[ndim].pack_into(self._sbuf, 0, wire.MAGIC, wire.VERSION, code, ndim, flags | _INLINE, 0,
+        _HEADER_STRUCTS[ndim].pack_into(self._sbuf, 0, _MAGIC, _VERSION, code, ndim, flags | _INLINE, 0,
                                         k.kind_id, 0, 0, _now(), nbytes, *arr.shape)
         if nbytes:
             self._smv[hlen: hlen + nbytes] = memoryview(arr).cast("B")
@@ -270,14 +272,24 @@ class Transport:
         since we wait for completion before returning)."""
         ndim = arr.ndim
         hlen = _HEADER_FIXED + 8 * ndim
-        _HEADER_STRUCTS[ndim].pack_into(self._sbuf, 0, wire.MAGIC, wire.VERSION, code, ndim, flags, 0,
-                                        k.kind_id, 1, 0, _now(), nbytes, *arr.shape)
-        comm, tag = self.comm, k.kind_id
-        reqs = [comm.Isend([self._sbuf, hlen, _BYTE], dest, tag), comm.Isend([arr, nbytes, _BYTE], dest, tag)]
-        self._count_send(dest, k.kind_id, nbytes, hlen)
-        if not MPI.Request.Testall(reqs):  # (below the MPI's eager limit it is complete at once)
-            self._block(reqs, self._send_statuses, lambda: f"rank {dest} to receive a {k.name!r} message "
-                                                           f"({nbytes} bytes) from rank {self.rank}")
+        tag = k.kind_id
+        _HEADER_STRUCTS[ndim].pack_into(self._sbuf, 0, _MAGIC, _VERSION, code, ndim, flags, 0,
+                                        tag, 1, 0, _now(), nbytes, *arr.shape)
+        comm = self.comm
+        hreq = comm.Isend([self._sbuf, hlen, _BYTE], dest, tag)
+        preq = comm.Isend([arr, nbytes, _BYTE], dest, tag)
+        # One request at a time: Test/Wait on one request cost mpi4py about half of Testall/
+        # Waitall on a list (measured 0.75 vs 1.9 us per call), and the header, an eager message,
+        # is complete by the time the payload is. The counting is done after the first test,
+        # while the receiver answers the payload's rendezvous, not between the posts and the test.
+        done = preq.Test()
+        self._count_send(dest, tag, nbytes, hlen)
+        if not done:  # (below the MPI's eager limit it is complete at once)
+            self._block([preq], self._send_statuses, lambda: f"rank {dest} to receive a {k.name!r} message "
+                                                             f"({nbytes} bytes) from rank {self.rank}")
+        if not hreq.Test():
+            self._block([hreq], self._send_statuses, lambda: f"rank {dest} to receive a {k.name!r} message "
+                                                             f"header from rank {self.rank}")
 
     def _count_send(self, dest: int, kind_id: int, nbytes: int, hlen: int) -> None:
         self.ledger.count_sent(dest, nbytes, hlen)
@@ -541,12 +553,26 @@ class Transport:
             return self._take_payload(count, source, kind, out, pre)
         pstatus = self._pstatus
         done = pre.Test(pstatus)
-        if not done or pstatus.Is_cancelled():
+        if not done:
+            # What _wait_prepost does, inline (this runs while the payload moves): the guarded
+            # wait inside MPI (callers come here only with the watchdog).
+            describe = lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {source}"  # noqa: E731
+            state = [False, False]
+            guard = self._guard
+            guard.armed = ([pre], _INF, _perf() + self.deadline, self.deadline, describe, state)
+            try:
+                pre.Wait(pstatus)
+            finally:
+                guard.armed = None
+            if pstatus.Is_cancelled():
+                if state[1]:
+                    raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+                done = True  # cancelled before the deadline: see below
+        if done and pstatus.Is_cancelled():
             # Cancelled: a soft-limit cancel of the header wait that raced with the header's
             # arrival (it matched nothing): post the payload receive again.
             describe = lambda: f"the payload of a {kind.name!r} message ({nbytes} bytes) from rank {source}"  # noqa: E731
-            if done or not self._wait_prepost(pre, describe):
-                self._block([comm.Irecv([out, nbytes, _BYTE], source, tag)], [pstatus], describe)
+            self._block([comm.Irecv([out, nbytes, _BYTE], source, tag)], [pstatus], describe)
         got = pstatus.Get_count(_BYTE)
         if got != nbytes:
             raise wire.WireError(f"rank {self.rank}: {kind.name!r} from rank {source}: received {got} payload "

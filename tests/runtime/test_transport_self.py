@@ -371,3 +371,21 @@ def test_preposted_out_meeting_a_chunked_message_that_it_partly_took_is_refused_
     assert tr.recv(0, ARR, out=np.empty(50)).tolist() == list(range(50))
     p.wait()
     assert tr.try_recv(0, ARR) == (False, None)
+
+
+def test_preposted_payload_that_never_comes_is_a_deadline_naming_the_payload():
+    # A header that describes out= exactly, and no payload message after it: the receive into
+    # out= must not wait past the deadline, and the error names the payload and its size.
+    tr = make_transport(inline_max=64, deadline=0.3)
+    out = np.zeros(50)
+    header = bytearray(wire.header_size(1))
+    n = wire.pack_header(header, wire.DTYPE_CODES[out.dtype], out.shape, 0, ARR.kind_id, 1, 0.0, out.nbytes)
+    req = tr.comm.Isend([header, n, MPI.BYTE], 0, ARR.kind_id)
+    with pytest.raises(DeadlineExceeded, match=r"0.3 s passed waiting for the payload of a 'test.self.array' "
+                                               r"message \(400 bytes\) from rank 0"):
+        tr.recv(0, ARR, out=out)
+    req.Wait()
+    # The cancelled payload receive took nothing: the next message arrives whole.
+    p = tr.isend(np.arange(50.0), 0, ARR)
+    assert tr.recv(0, ARR, out=out) is out and out.tolist() == list(range(50))
+    p.wait()
