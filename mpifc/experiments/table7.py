@@ -5,7 +5,9 @@ Methods per (dataset, setting, clients, seed):
 * ``fc-pc``: FedPC with LearnSPN leaves (Table 4 hyperparameters), classifying by arg-max of
   ``log p(x, y = c)``; vertical cells use the cooccurrence glue where
   :data:`mpifc.experiments.paper.T7_GLUE` says (a deviation from Table 4, chosen on validation
-  rows); ``fc-dt``: FC[DT], one tree per client averaged at the root. FC[DT] needs
+  rows), and where :data:`mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET` says the label
+  owner clusters its rows without the target; ``fc-dt``: FC[DT], one tree per client averaged at
+  the root. FC[DT] needs
   the label on every client, so its vertical shards give every client the target column (the
   paper does not say how it labelled vertical trees; this is recorded in the table);
 * ``fedavg`` (horizontal) and ``splitnn`` (vertical): MLPs on mpifc's runtime. TabNet is not
@@ -113,11 +115,25 @@ def glue_note(datasets: Sequence[str]) -> str:
             f"combinatorial. Why: mpifc.experiments.paper.T7_GLUE")
 
 
+def cluster_note(datasets: Sequence[str]) -> str:
+    """Which FC[PC] cells cluster the label owner's rows without the target
+    (:data:`mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET`), and why (recorded in the markdown)."""
+    on = [f"{st} {paper.PAPER_NAMES.get(d, d)}" for st in ("horizontal", "vertical", "hybrid") for d in datasets
+          if paper.classifier_cluster_without_target(st, d)]
+    return (f"k-means on the label owner's whole subspace, target included (Algorithm 1), except "
+            f"{', '.join(on) if on else 'nowhere'}: there the k-means input leaves the target out "
+            f"(--cluster-without-target; the cluster PCs still model it), because with the target in, k-means "
+            f"made a cluster of only positives that then predicted y=1 for every row it dominated. Chosen on "
+            f"validation rows only, as the glue. Why: mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET")
+
+
 def cell_config(cell: Cell) -> dict[str, Any]:
-    """What an FC cell's result depends on beyond its key: glue, K and label owner, as recorded.
+    """What an FC cell's result depends on beyond its key: glue, K, label owner and (FC[PC])
+    whether the label owner clusters without the target, as recorded.
 
     A stored cell whose record differs (e.g. one run with an earlier glue) is not reused.
-    Records written before the glue was recorded ran Table 4's glue with K = 2.
+    Records written before the glue was recorded ran Table 4's glue with K = 2; records without
+    ``cluster_without_target`` clustered with the target.
     """
     if cell.method not in ("fc-pc", "fc-dt"):
         return {}
@@ -126,15 +142,22 @@ def cell_config(cell: Cell) -> dict[str, Any]:
     else:
         glue, k = paper.classifier_hp(cell.setting, cell.dataset)[1], paper.T7_DEFAULT_CLUSTERS
     owner = label_owner(cell)
-    return {"glue": glue, "clusters": k, "label_owner": "default" if owner is None else owner}
+    conf = {"glue": glue, "clusters": k, "label_owner": "default" if owner is None else owner}
+    if cell.method == "fc-pc":
+        conf["cluster_without_target"] = paper.classifier_cluster_without_target(cell.setting, cell.dataset)
+    return conf
 
 
 def recorded_config(cell: Cell, rec: dict[str, Any]) -> dict[str, Any]:
-    """:func:`cell_config` as a stored record states it (absent glue/K: Table 4's glue, K = 2)."""
+    """:func:`cell_config` as a stored record states it (absent glue/K: Table 4's glue, K = 2;
+    absent ``cluster_without_target``: off)."""
     if cell.method not in ("fc-pc", "fc-dt"):
         return {}
-    return {"glue": rec.get("glue", paper.classifier_hp(cell.setting, cell.dataset)[1]),
+    conf = {"glue": rec.get("glue", paper.classifier_hp(cell.setting, cell.dataset)[1]),
             "clusters": rec.get("clusters", paper.T7_DEFAULT_CLUSTERS), "label_owner": rec.get("label_owner")}
+    if cell.method == "fc-pc":
+        conf["cluster_without_target"] = bool(rec.get("cluster_without_target", False))
+    return conf
 
 
 class ConfigCheckedStore(ResultStore):
@@ -195,8 +218,9 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
             conf = cell_config(cell)
             learner = "learnspn" if cell.method == "fc-pc" else "dt"
             hp = capped_hp(spn_hp, d) if learner == "learnspn" else {}
+            extra = ("--cluster-without-target",) if conf.get("cluster_without_target") else ()
             tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=conf["glue"],
-                                 clusters=conf["clusters"], seed=cell.seed, hp=hp)
+                                 clusters=conf["clusters"], seed=cell.seed, hp=hp, extra=extra)
             model = Path(tr["model_path"])
             ev = evaluate_fc(d, model, npz=model.with_suffix(".test.npz"))
             return {"accuracy": ev["accuracy"], "f1": ev["f1"], "f1_binary": ev.get("f1_binary"),
@@ -262,6 +286,7 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
         "FC[PC] leaves": leaves_note(datasets),
         "FC[PC] hybrid label": hybrid_label_note(datasets),
         "FC[PC] glue": glue_note(datasets),
+        "FC[PC] k-means": cluster_note(datasets),
         "preprocessing": "as the paper's appendix E.1 (target-encoded categoricals, median imputation, "
                          "standardized features); rows: see above (the paper used every row)",
         "FedTree": "not reproduced (no Python implementation); paper values listed from its Table 7",

@@ -7,7 +7,8 @@
    its single-owner subspace K k-means clusters with one PC each. Seeds derive from
    ``(seed, client index, subspace, cluster)``, never from ranks.
 3. Clients run :func:`run_client_tasks` on their own rows and report counts (and, for the
-   ``cooccurrence`` glue, one cluster id per aligned row).
+   ``cooccurrence`` glue, one cluster id per aligned row). Opt-in plan hyperparameter
+   :data:`CLUSTER_WITHOUT_TARGET`: the label owner's k-means leaves the target column out.
 4. :meth:`OnePassBuilder.assemble` builds the circuit: a sum per shared subspace, products that
    take every sum plus one cluster-PC per single-owner subspace (the glue), a root sum over the
    products, weights from row counts; trivial nodes are collapsed. Models can be inserted later
@@ -213,9 +214,50 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     return remap[labels]
 
 
+# Plan hyperparameter (opt-in, default off): the label owner clusters its rows without the target.
+CLUSTER_WITHOUT_TARGET = "cluster_without_target"
+"""Key of :attr:`FederationPlan.hyperparameters` (``fc_job train --cluster-without-target``).
+
+Off (absent or false, the default: Algorithm 1 as written), a single-owner subspace is k-means
+clustered on all its columns; when the subspace holds the classification target (the label
+owner's, e.g. vertical Table 7), k-means may split the rows by label, and each "label cluster"
+PC then predicts one class for every row it dominates. On: the k-means input of a subspace that
+holds ``plan.target`` leaves the target column out (the cluster PCs still model every column of
+the subspace, the target included; only the row split ignores the label). A subspace holding
+nothing but the target is then one cluster. Seeds, tasks and messages are unchanged, so the same
+seed still gives the same model regardless of rank placement. Not a learner hyperparameter:
+:func:`run_client_tasks` removes it before calling the learner.
+"""
+
+
+def hp_flag(value: Any, name: str) -> bool:
+    """A boolean plan option as given in code or through ``--hp KEY=VALUE`` (int/str)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false", "yes", "no"):
+        return value.strip().lower() in ("1", "true", "yes")
+    raise UserError(f"hyperparameter {name}={value!r}: expected true/false (or 1/0)")
+
+
+def cluster_columns(plan: FederationPlan, task: LeafTask) -> list[int]:
+    """Positions in ``task.features`` that the task's k-means sees (:data:`CLUSTER_WITHOUT_TARGET`)."""
+    cols = list(range(len(task.features)))
+    if hp_flag(plan.hyperparameters.get(CLUSTER_WITHOUT_TARGET, False), CLUSTER_WITHOUT_TARGET):
+        if plan.target is None:
+            raise UserError(f"hyperparameter {CLUSTER_WITHOUT_TARGET}: the data has no target column to leave out")
+        cols = [j for j in cols if task.features[j] != plan.target]
+    return cols
+
+
 def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features: Sequence[str],
                      fit: Callable[..., Any] | None = None) -> ClientReport:
     """Learn every PC the plan asks of ``client`` on its rows ``x`` ``(n_rows, len(features))``.
+
+    Clustered tasks split the rows by k-means over :func:`cluster_columns` (all the task's
+    columns unless the plan sets :data:`CLUSTER_WITHOUT_TARGET`) and fit one PC per cluster on
+    all the task's columns.
 
     Args:
         fit: ``fit(learner, x, meta_types, seed, n_categories=..., **hp)``; defaults to
@@ -226,7 +268,7 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     col = {f: j for j, f in enumerate(features)}
     leaves: list[LeafReport] = []
     cluster_ids = None
-    hp = plan.hyperparameters
+    hp = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
     for t in plan.tasks_for(client):
         xs = x[:, [col[f] for f in t.features]]
         meta = [plan.meta_types[f] for f in t.features]
@@ -236,7 +278,9 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
             model = fit(t.learner, xs, meta, t.seed, n_categories=ks, **hp, **extra)
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
-        labels = cluster_rows(xs, t.n_clusters, t.seed)
+        ccols = cluster_columns(plan, t)
+        labels = (cluster_rows(xs[:, ccols], t.n_clusters, t.seed) if ccols
+                  else np.zeros(len(xs), dtype=np.int64))  # only the target: nothing to cluster on
         cluster_ids = labels
         for k in range(int(labels.max()) + 1):
             rows = xs[labels == k]

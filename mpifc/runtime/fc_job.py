@@ -15,7 +15,7 @@ from typing import Any
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.learners import learner_names
-from mpifc.federated.one_pass import GLUE_MODES
+from mpifc.federated.one_pass import CLUSTER_WITHOUT_TARGET, GLUE_MODES, hp_flag
 
 
 def _parse_kv(items: list[str], what: str) -> dict[str, Any]:
@@ -45,6 +45,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--glue", default="random", choices=GLUE_MODES)
     p.add_argument("--clusters", type=int, default=2, help="K, clusters per single-owner subspace")
     p.add_argument("--products", type=int, default=4, help="P, products of the random glue")
+    p.add_argument("--cluster-without-target", action="store_true",
+                   help="the label owner's k-means leaves the target column out (its cluster PCs still model "
+                        "it), so no cluster is a 'label cluster'; default off (Algorithm 1 as written). "
+                        "Same as --hp cluster_without_target=1; see mpifc.federated.one_pass.CLUSTER_WITHOUT_TARGET")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threshold", type=float, default=None, help="LearnSPN RDC threshold")
     p.add_argument("--min-instances-slice", type=int, default=None, help="LearnSPN min rows per slice")
@@ -72,6 +76,8 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
         hp["threshold"] = args.threshold
     if args.min_instances_slice is not None:
         hp["min_instances_slice"] = args.min_instances_slice
+    if getattr(args, "cluster_without_target", False):
+        hp[CLUSTER_WITHOUT_TARGET] = True  # a plan hyperparameter: sent with the plan, never to a learner
     learners = {}
     for k, v in _parse_kv(args.client_learner, "--client-learner").items():
         if v not in learner_names():
@@ -108,6 +114,9 @@ def train_main(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     cfg["json"] = bool(args.json)
     m = load_manifest(args.dir)
+    without_target = hp_flag(cfg["hyperparameters"].get(CLUSTER_WITHOUT_TARGET, False), CLUSTER_WITHOUT_TARGET)
+    if without_target and m.target is None:
+        raise UserError(f"--cluster-without-target: the manifest of {args.dir} names no target column")
     n_servers = 1 + (args.servers if args.assign == "tree" else 0)
     return run_job(_train_job, config=cfg, servers=n_servers, min_clients=m.n_clients,
                    deadline=args.deadline, ledger_csv=args.ledger)
