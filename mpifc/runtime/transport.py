@@ -544,8 +544,20 @@ class Transport:
         req = comm.Irecv([hbuf, len(hbuf), _BYTE], source, tag)
         pre = comm.Irecv([out, nbytes, _BYTE], source, tag)
         if not req.Test(status):
-            if not self._wait_header(req, source, kind, pre):
-                pre = None  # cancelled while waiting long for the header: receive the payload later
+            # What _wait_header does, inline (measured 1.4-1.9 -> 0.8-0.85 us of Python around the Wait):
+            # wait inside MPI with the watchdog armed (callers come here only with it), which
+            # cancels the payload receive first (see _wait_header).
+            guard, t0, state = self._guard, _perf(), [False, False]
+            guard.armed = ([pre, req], t0 + self.spin_s, t0 + self.deadline, self.deadline,
+                           lambda: self._waiting_for([source], [kind]), state)
+            try:
+                req.Wait(status)
+            finally:
+                guard.armed = None
+            if state[0] or state[1] or status.Is_cancelled():
+                # The watchdog fired (a long wait): the general path sorts out what it cancelled.
+                if not self._after_guarded_header_wait(req, source, kind, pre, state, t0):
+                    pre = None  # cancelled while waiting long for the header: receive the payload later
         count = status.Get_count(_BYTE)
         if pre is None or count != hlen or hbuf[:16] != head or hbuf[24:hlen] != tail:
             # Not the expected header (or the early payload receive is gone): the general path
@@ -614,24 +626,38 @@ class Transport:
             # (matching follows posting order).
             state = self._guarded([req], [status], describe, soft_at=t0 + self.spin_s,
                                   cancel=None if pre is None else [pre, req])
-            if not status.Is_cancelled():
-                # The header came. If the watchdog fired meanwhile it may have cancelled ``pre``.
-                return pre is None or not (state[0] or state[1]) or self._prepost_alive(pre)
-            if pre is not None:
-                # The header receive was cancelled, so it never matched, so neither did ``pre``
-                # (cancelled first): this completes at once, as cancelled.
-                pre.Wait()
-            if state[1]:
-                raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
-            # Past the soft limit: the watchdog cancelled MPI's busy wait. Post the receive
-            # again (nothing was lost) and poll from Python with sleeps for the rest of the
-            # deadline (MPI's wait did the spinning).
-            req = self.comm.Irecv([self._hbuf, len(self._hbuf), _BYTE], source, kind.kind_id)
-            spin = 0.0
-            alive = False
-        else:
-            spin = self.spin_s
-            alive = pre is not None
+            return self._after_guarded_header_wait(req, source, kind, pre, state, t0)
+        return self._poll_header(req, source, kind, pre, self.spin_s, pre is not None, t0)
+
+    def _after_guarded_header_wait(self, req: MPI.Request, source: int, kind: MessageKind,
+                                   pre: MPI.Request | None, state: list[bool], t0: float) -> bool:
+        """The rest of :meth:`_wait_header` after its wait inside MPI (armed at ``t0``, watchdog
+        ``state``) returned: same return value and errors."""
+        status = self._status
+        if not status.Is_cancelled():
+            # The header came. If the watchdog fired meanwhile it may have cancelled ``pre``.
+            return pre is None or not (state[0] or state[1]) or self._prepost_alive(pre)
+        if pre is not None:
+            # The header receive was cancelled, so it never matched, so neither did ``pre``
+            # (cancelled first): this completes at once, as cancelled.
+            pre.Wait()
+        if state[1]:
+            who = None if source == MPI.ANY_SOURCE else [source]
+            raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for "
+                                   f"{self._waiting_for(who, [kind])}")
+        # Past the soft limit: the watchdog cancelled MPI's busy wait. Post the receive
+        # again (nothing was lost) and poll from Python with sleeps for the rest of the
+        # deadline (MPI's wait did the spinning).
+        req = self.comm.Irecv([self._hbuf, len(self._hbuf), _BYTE], source, kind.kind_id)
+        return self._poll_header(req, source, kind, pre, 0.0, False, t0)
+
+    def _poll_header(self, req: MPI.Request, source: int, kind: MessageKind, pre: MPI.Request | None,
+                     spin: float, alive: bool, t0: float) -> bool:
+        """Poll the header receive ``req`` from Python until the deadline counted from ``t0`` (when
+        the wait began); ``alive``: whether ``pre`` is still posted. Returns it as :meth:`_wait_header`."""
+        status = self._status
+        who = None if source == MPI.ANY_SOURCE else [source]
+        describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
         left = self.deadline - (_perf() - t0)
         if not self._poll(lambda: req.Test(status), spin, deadline=left):
             if alive:

@@ -243,6 +243,27 @@ def test_preposted_out_same_shape_but_inline_falls_back():
     assert tr.ledger.rows[-1]["n_mpi_messages"] == 1
 
 
+def test_preposted_out_long_wait_goes_soft_then_still_receives_into_out():
+    # recv(out=)'s inlined header wait: past spin_s the watchdog cancels both posted receives; the
+    # header is posted again and polled, and the late message still lands whole in out= (nothing
+    # lost, nothing received twice, one ledger row with the message's bytes).
+    import threading
+    import time as _time
+
+    tr = make_transport(inline_max=64, deadline=5.0, spin_s=0.01)
+    other = make_transport(inline_max=64, deadline=5.0)
+    timer = threading.Timer(0.3, lambda: other.isend(np.arange(50.0), 0, ARR).wait())
+    timer.start()
+    out = np.zeros(50)
+    t0 = _time.perf_counter()
+    assert tr.recv(0, ARR, out=out) is out and out.tolist() == list(range(50))
+    assert _time.perf_counter() - t0 >= 0.25
+    timer.join()
+    row = tr.ledger.rows[-1]
+    assert len(tr.ledger) == 1 and row["payload_bytes"] == 400 and row["n_mpi_messages"] == 2
+    assert tr.try_recv(0, ARR) == (False, None)
+
+
 @pytest.mark.parametrize("spin_s", [0.01, 5.0])  # soft limit first, or the hard deadline with both posted
 def test_preposted_out_deadline_names_peer_and_kind_and_cancels_both(spin_s):
     tr = make_transport(inline_max=64, deadline=0.3, spin_s=spin_s)
