@@ -5,7 +5,7 @@ Modules (one reason to change each):
   wire       the typed header that precedes every payload
   transport  send/recv of arrays, tensors and small objects, with deadlines
   watchdog   the thread that enforces deadlines of waits done inside MPI
-  bufpool    recycled buffers for large receives
+  bufpool    recycled buffers for large receives (2 MiB-aligned huge pages where the OS has them)
   atomic     atomic file writes (temp file + rename)
   ledger     one row per message; gathered to rank 0; CSV and per-link/phase summaries
   job        run_job(main): communicator, ledger, transport, roles, device, fail-fast
