@@ -171,10 +171,10 @@ def model_array_bytes(model: Any) -> int:
 
 
 def fedpc_sent_bytes(model_bytes: Sequence[int], n_pcs: int | None = None, cluster_id_rows: int = 0,
-                     count_itemsize: int = INT64) -> int:
+                     count_itemsize: int = INT64, cluster_id_itemsize: int | None = None) -> int:
     """One-pass FedPC training payload as sent: every client PC once, plus the counts.
 
-    ``sum(M_i) + n_pcs * 3 * count_itemsize + cluster_id_rows * 8``: the paper's
+    ``sum(M_i) + n_pcs * 3 * count_itemsize + cluster_id_rows * cluster_id_itemsize``: the paper's
     ``|C| (M + 1)`` (horizontal) and ``K M |C| + P`` (vertical, where the P product weights are
     computed by the server from the K cluster counts each client sends) with ``M_i`` in bytes.
 
@@ -183,10 +183,17 @@ def fedpc_sent_bytes(model_bytes: Sequence[int], n_pcs: int | None = None, clust
             client in vertical FL).
         n_pcs: PCs reported in the count messages (default ``len(model_bytes)``).
         cluster_id_rows: training rows whose cluster id is sent (``cooccurrence`` glue only).
+        cluster_id_itemsize: bytes per cluster id, required when ``cluster_id_rows > 0``: the
+            runtime sends them in the smallest unsigned dtype holding ``K - 1``
+            (``mpifc.federated.one_pass.cluster_id_dtype(K).itemsize``: 1 for K <= 256).
     """
     n = len(model_bytes) if n_pcs is None else n_pcs
-    _check(n_pcs=n, cluster_id_rows=cluster_id_rows, **{f"model_bytes[{i}]": b for i, b in enumerate(model_bytes)})
-    return int(sum(model_bytes)) + n * COUNT_FIELDS * count_itemsize + cluster_id_rows * INT64
+    if cluster_id_rows and cluster_id_itemsize is None:
+        raise ValueError("cluster_id_rows > 0 needs cluster_id_itemsize (cluster_id_dtype(K).itemsize)")
+    ids = cluster_id_rows * (cluster_id_itemsize or 0)
+    _check(n_pcs=n, cluster_id_rows=cluster_id_rows, cluster_id_itemsize=cluster_id_itemsize or 0,
+           **{f"model_bytes[{i}]": b for i, b in enumerate(model_bytes)})
+    return int(sum(model_bytes)) + n * COUNT_FIELDS * count_itemsize + ids
 
 
 def with_headers(payload_bytes: int, messages: int, ndim: int = 1) -> int:

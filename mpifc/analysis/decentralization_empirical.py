@@ -26,7 +26,8 @@ single-owner subspace is ``(x_0, y)``, clustered and modelled jointly, and ``y``
 clients' features through Assumption 2's cluster latent. The glue is ``cooccurrence`` (the
 product weights are the joint cluster frequencies): with ``random`` glue the products pair
 clusters at random and ``y`` is nearly independent of ``x_{k != 0}``. Cost of that choice, counted
-in the training bytes: each client sends one cluster id per training row (8 bytes each).
+in the training bytes: each client sends one cluster id per training row (1 byte each for
+K <= 256: the smallest unsigned dtype holding K - 1, :func:`mpifc.federated.one_pass.cluster_id_dtype`).
 ``n_clusters = 2`` by default: over the six full cases (breast cancer, Income, credit; 2 and 3
 clients) it gave the lowest mean CL/CI loss of ``n_clusters in {2, 4, 8}`` (0.302 vs 0.350 and
 0.391 nats); more clusters make client 0's per-cluster PCs sharper and a row routed to the wrong
@@ -75,6 +76,7 @@ from mpifc.federated.one_pass import (
     ClientDeclaration,
     OnePassBuilder,
     ids_digest,
+    pack_cluster_ids,
     run_client_tasks,
 )
 from mpifc.federated.structure import LEAF, FederatedCircuit
@@ -212,7 +214,7 @@ def train_fedpc(blocks: Sequence[ClientBlock], schema: Schema, cfg: FedPCConfig)
     for r in reports:
         sent += r.counts().nbytes
         if cfg.glue == "cooccurrence" and r.cluster_ids is not None:
-            sent += np.asarray(r.cluster_ids, dtype=np.int64).nbytes
+            sent += pack_cluster_ids(plan, r.client, r.cluster_ids).nbytes  # as fc_train sends them
         for leaf in r.leaves:
             model_bytes += model_to_bytes(leaf.model).nbytes
     fc = assign_flat(builder.assemble(plan, reports))

@@ -71,12 +71,14 @@ def fedpc_bytes(shards: Path, model: Path, ledger: Path, glue: str, setting: str
     sizes = [cc.model_array_bytes(n.leaf.model) for n in fc.leaves]
     # what the wire format puts around each PC's arrays (its header), from the blobs themselves
     wire = sum(int(model_to_bytes(n.leaf.model).nbytes) for n in fc.leaves) - sum(sizes)
-    id_rows = 0
+    id_rows, id_size = 0, None
     if glue == "cooccurrence" and setting != "horizontal":
         from data_prep.shards import load_manifest
+        from mpifc.federated.one_pass import cluster_id_dtype
 
         id_rows = sum(int(c["n_train"]) for c in load_manifest(shards).clients)
-    formula = cc.fedpc_sent_bytes(sizes, cluster_id_rows=id_rows)
+        id_size = cluster_id_dtype(int(fc.meta["n_clusters"])).itemsize  # the plan's K, as trained
+    formula = cc.fedpc_sent_bytes(sizes, cluster_id_rows=id_rows, cluster_id_itemsize=id_size)
     if setting == "horizontal":
         paper = cc.fedpc_horizontal_bytes(n_clients, max(1, n_parameters // n_clients))
     else:

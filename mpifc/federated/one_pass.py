@@ -170,7 +170,8 @@ class ClientReport:
     """What a client produced: its leaves and, for cooccurrence, per-row cluster ids.
 
     ``cluster_ids`` is ``(n_rows,)`` int64 (cluster of each training row in its single-owner
-    subspace, rows in id order) or ``None``.
+    subspace, rows in id order) or ``None``. On the wire it travels in the smallest unsigned
+    dtype that holds ``K - 1`` (:func:`pack_cluster_ids`, :func:`unpack_cluster_ids`).
     """
 
     client: int
@@ -212,6 +213,77 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     remap = np.empty(labels.max() + 1, dtype=np.int64)
     remap[np.unique(labels)[order]] = np.arange(len(order))
     return remap[labels]
+
+
+# -- cluster ids on the wire (cooccurrence glue) -----------------------------------------------
+_ID_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+
+def cluster_id_dtype(n_clusters: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds cluster ids ``0..n_clusters-1``.
+
+    uint8 for K <= 256, uint16 for K <= 65,536, then uint32, uint64. It depends on the plan's K
+    only (never on the data), so the server knows which dtype to expect before it receives.
+    """
+    k = int(n_clusters)
+    if k < 1:
+        raise ValueError(f"cluster_id_dtype: K must be >= 1, got {k}")
+    for dt in _ID_DTYPES:
+        if k - 1 <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    raise ValueError(f"cluster_id_dtype: K = {k} does not fit uint64")
+
+
+def cluster_id_task(plan: FederationPlan, client: int) -> LeafTask | None:
+    """The clustered task whose row labels ``client`` reports as ``cluster_ids`` (``None``: none).
+
+    Every single-owner feature of a client has the same indicator column, so a client owns at
+    most one single-owner subspace; should there be several, :func:`run_client_tasks` reports the
+    labels of the last one, and so does this.
+    """
+    clustered = [t for t in plan.tasks_for(client) if t.n_clusters > 0]
+    return clustered[-1] if clustered else None
+
+
+def pack_cluster_ids(plan: FederationPlan, client: int, ids: np.ndarray) -> np.ndarray:
+    """Client side: ``ids`` (``(n_rows,)``, values in ``0..K-1``) in :func:`cluster_id_dtype` of the
+    plan's K for this client's clustered task, ready to send (1 B per row for K <= 256)."""
+    task = cluster_id_task(plan, client)
+    if task is None:
+        raise ValueError(f"client {client}: the plan gives it no clustered task, so no cluster ids to send")
+    a = np.asarray(ids)
+    if a.ndim != 1 or (a.size and (a.min() < 0 or a.max() >= task.n_clusters)):
+        raise ValueError(f"client {client}: cluster ids of shape {a.shape} with values outside "
+                         f"0..{task.n_clusters - 1}")
+    return a.astype(cluster_id_dtype(task.n_clusters))
+
+
+def unpack_cluster_ids(plan: FederationPlan, report: ClientReport, ids: np.ndarray, source: str) -> np.ndarray:
+    """Server side: check the cluster ids a client sent and return them as int64 for counting.
+
+    ``report`` is the client's model-less report (:meth:`ClientReport.from_counts`): its leaves
+    give K', the number of cluster PCs the client learned for its clustered subspace (K' <= K,
+    k-means may leave clusters empty). Accepted: exactly :func:`cluster_id_dtype` of the plan's
+    K, shape ``(n_rows,)`` with the client's declared row count, values in ``0..K'-1``.
+
+    Raises:
+        UserError: naming ``source`` (e.g. ``"client 1 (rank 2)"``) and what is wrong.
+    """
+    c = report.client
+    task = cluster_id_task(plan, c)
+    if task is None:
+        raise UserError(f"{source}: sent cluster ids, but the plan gives it no clustered subspace")
+    a = np.asarray(ids)
+    want = cluster_id_dtype(task.n_clusters)
+    n_rows = plan.declarations[c].n_rows if c in plan.declarations else None
+    if a.dtype != want or a.ndim != 1 or (n_rows is not None and a.shape[0] != n_rows):
+        raise UserError(f"{source}: cluster ids (fc.train.cluster_ids) arrived as {a.dtype} {tuple(a.shape)}; "
+                        f"expected {want} ({n_rows if n_rows is not None else 'n_rows'},) for K = {task.n_clusters}")
+    k_found = sum(1 for r in report.leaves if r.subspace == task.subspace and r.cluster >= 0)
+    if a.size and int(a.max()) >= k_found:
+        raise UserError(f"{source}: cluster ids outside 0..{k_found - 1} (it reported {k_found} cluster PCs "
+                        f"for subspace {task.subspace}; largest id {int(a.max())})")
+    return a.astype(np.int64)
 
 
 # Plan hyperparameter (opt-in, default off): the label owner clusters its rows without the target.

@@ -16,7 +16,9 @@ PLAN = register_kind("fc.train.plan", "control",
 COUNTS = register_kind("fc.train.counts", "count",
                        "client -> server: (subspace, cluster, n_rows) per learned PC, int64 (n_leaves, 3)")
 CLUSTER_IDS = register_kind("fc.train.cluster_ids", "cluster_ids",
-                            "client -> server (cooccurrence only): cluster id per aligned training row")
+                            "client -> server (cooccurrence only): cluster id per aligned training row, "
+                            "(n_rows,) in the smallest unsigned dtype holding K - 1 (uint8 for K <= 256, "
+                            "uint16 up to 65,536, ...; one_pass.cluster_id_dtype)")
 MODEL = register_kind("fc.train.model", "model_parameters",
                       "client -> server: one leaf PC as HDF5 bytes (structure and parameters)")
 TIMING = register_kind("fc.train.timing", "timing", "client -> server: per-phase seconds of this rank")

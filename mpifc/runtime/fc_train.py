@@ -9,7 +9,8 @@ Protocol (all messages to or from rank 0, phases as named in the ledger):
 * ``declare``: client → server ``fc.train.declare`` (names, meta-types, counts, ids digest);
   the server plans (Algorithm 1, lines 1-7) and sends each client only its own tasks.
 * ``learn``: clients cluster and fit their PCs locally, then send ``fc.train.counts`` (and,
-  with ``--glue cooccurrence``, ``fc.train.cluster_ids``). The server assembles the FC and infers
+  with ``--glue cooccurrence``, ``fc.train.cluster_ids``: one id per training row in the smallest
+  unsigned dtype holding K - 1, uint8 for K <= 256). The server assembles the FC and infers
   every weight from the counts (lines 8-22), then applies ψ and validates it.
 * ``gather``: clients send each PC in the compact wire format (``fc.train.model``,
   :func:`~mpifc.federated.serialize.model_to_bytes`) and their timings; the server keeps them
@@ -58,7 +59,9 @@ from mpifc.federated.one_pass import (
     OnePassBuilder,
     hp_flag,
     insert_models,
+    pack_cluster_ids,
     run_client_tasks,
+    unpack_cluster_ids,
 )
 from mpifc.federated.serialize import model_from_bytes, model_to_bytes, save_fc
 from mpifc.runtime import fc_protocol as P
@@ -163,7 +166,8 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
         report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
     t.send(report.counts(), 0, P.COUNTS)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks):
-        t.send(report.cluster_ids.astype(np.int64), 0, P.CLUSTER_IDS)
+        # the smallest unsigned dtype holding K - 1 (uint8 for K <= 256): 1 B per row, not 8
+        t.send(pack_cluster_ids(plan, index, report.cluster_ids), 0, P.CLUSTER_IDS)
     ctx.ledger.set_phase("gather")
     with _clock(times, walls, "serialize"):
         blobs = [model_to_bytes(leaf.model) for leaf in report.leaves]
@@ -338,11 +342,12 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
 
 def _recv_report(t: Any, plan: FederationPlan, c: int, rank: int) -> ClientReport:
     """Client ``c``'s counts (and, with the cooccurrence glue, cluster ids) as a report."""
-    counts = t.recv(rank, P.COUNTS)
-    ids = None
+    report = ClientReport.from_counts(c, t.recv(rank, P.COUNTS), plan)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks_for(c)):
-        ids = t.recv(rank, P.CLUSTER_IDS)
-    return ClientReport.from_counts(c, counts, plan, ids)
+        # exactly the dtype of the plan's K, the declared row count, ids below the PCs it reported
+        report.cluster_ids = unpack_cluster_ids(plan, report, t.recv(rank, P.CLUSTER_IDS),
+                                                f"client {c} (rank {rank})")
+    return report
 
 
 def _server_em(ctx: Any, cfg: dict[str, Any], fc: Any, ranks: dict[int, int], reports: list[ClientReport],

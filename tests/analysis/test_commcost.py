@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpifc.analysis import commcost as cc
+from mpifc.federated.one_pass import cluster_id_dtype
 
 pos = st.integers(1, 10**6)
 
@@ -118,8 +119,14 @@ def test_model_array_bytes_counts_every_array_a_model_saves():
 def test_fedpc_sent_bytes_is_the_papers_form_with_m_in_bytes():
     # horizontal |C|(M+1): 3 PCs of 400 B, a 24 B count row each
     assert cc.fedpc_sent_bytes([400, 400, 400]) == 3 * (400 + 24)
-    # vertical K M |C| + P: 2 clients x K=2 clusters; cooccurrence adds an int64 id per row
-    assert cc.fedpc_sent_bytes([100, 200, 300, 400], cluster_id_rows=50) == 1000 + 4 * 24 + 50 * 8
+    # vertical K M |C| + P: 2 clients x K=2 clusters; cooccurrence adds an id per row, in the
+    # smallest unsigned dtype holding K - 1 (uint8 here)
+    one_byte = cluster_id_dtype(2).itemsize
+    assert one_byte == 1
+    assert cc.fedpc_sent_bytes([100, 200, 300, 400], cluster_id_rows=50, cluster_id_itemsize=one_byte) == \
+        1000 + 4 * 24 + 50 * 1
+    with pytest.raises(ValueError, match="cluster_id_itemsize"):
+        cc.fedpc_sent_bytes([100], cluster_id_rows=50)
     # with M_i = M * 4 B it reduces to the horizontal closed form plus the wider count row
     assert cc.fedpc_sent_bytes([1000 * 4] * 5) - cc.fedpc_horizontal_bytes(5, 1000) == 5 * (24 - 8)
     with pytest.raises(ValueError, match="model_bytes"):

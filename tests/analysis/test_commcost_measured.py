@@ -52,8 +52,9 @@ def test_splitnn_ledger_matches_closed_form_and_the_papers_form(shards):
 @pytest.mark.parametrize("setting,glue", [("h2", "random"), ("v2", "cooccurrence")])
 def test_fedpc_ledger_matches_closed_form_with_m_as_sent(shards, setting, glue, tmp_path):
     """Model + count (+ cluster id) payload from the ledger = sum of the PCs' array bytes + 24 B
-    per PC (+ 8 B per row) within 5%; headers and control messages are counted apart. The wire
-    format adds a short binary header per PC (mpifc.federated.serialize), small beside the arrays."""
+    per PC (+ 1 B per row: uint8 cluster ids for K = 2) within 5%; headers and control messages
+    are counted apart. The wire format adds a short binary header per PC
+    (mpifc.federated.serialize), small beside the arrays."""
     from mpifc.experiments.communication import fedpc_bytes
 
     model, ledger = tmp_path / "m.h5", tmp_path / "ledger.csv"

@@ -14,6 +14,7 @@ import pytest
 
 from mpifc.federated.em import em_step
 from mpifc.federated.evaluate import log_likelihood
+from mpifc.federated.one_pass import build_single_process, cluster_id_dtype
 from mpifc.federated.serialize import load_fc
 from mpifc.runtime.fc_eval import batches, evaluate_gathered, make_query
 from mpifc.runtime.fc_protocol import CLIENT_ALLOWED
@@ -74,6 +75,28 @@ def assert_ledger_declared(rows: list[dict], client_ranks: set[int]) -> None:
             assert row["payload_class"] in CLIENT_ALLOWED, row
 
 
+def assert_same_as_in_process(fc, shards: Path, opts: dict) -> None:
+    """``fc`` (one-pass model of an MPI job, flat ψ, factorized leaves) equals Algorithm 1 run in
+    one process on the same shards (:func:`build_single_process`): nodes, children, weights."""
+    from data_prep.shards import load_manifest
+    from mpifc.federated.assign import assign, client_rank_map
+    from mpifc.runtime.fc_data import read_client_data
+    from mpifc.runtime.fc_train import builder_from_config
+
+    m = load_manifest(shards)
+    data = [read_client_data(shards, c) for c in range(m.n_clients)]
+    cfg = {"products": 4, "seed": 0, "learner": "factorized", **opts}
+    ref = assign(build_single_process(builder_from_config(cfg), [(d.declaration, d.shard.x_train) for d in data],
+                                      m.feature_order, m.target, m.setting, client_rank_map(range(m.n_clients), 0)),
+                 "flat")
+    assert len(fc.nodes) == len(ref.nodes) and fc.root == ref.root
+    for a, b in zip(fc.nodes, ref.nodes):
+        assert (a.op, list(a.children), a.rank) == (b.op, list(b.children), b.rank)
+        assert np.array_equal(a.weights, b.weights), (a.id, a.weights, b.weights)
+        if a.leaf is not None:
+            assert (a.leaf.client, a.leaf.subspace, a.leaf.cluster) == (b.leaf.client, b.leaf.subspace, b.leaf.cluster)
+
+
 def check_equal_and_bytes(shards, model, ledger, npz, batch, n_test, query_rows=None):
     got = np.load(npz)["joint"]
     ref_npz = npz.with_suffix(".gathered.npz")
@@ -126,10 +149,18 @@ def test_vertical_cooccurrence_em_end_to_end(data, tmp_path):
                                          if x["phase"] != "teardown" and x["kind"] != "fc.train.done")
     assert {x["kind"] for x in trows} >= {"fc.train.declare", "fc.train.counts", "fc.train.cluster_ids",
                                           "fc.train.model"}
+    # one cluster id per training row in the smallest unsigned dtype holding K - 1: uint8 for K = 3
     ids_rows = [x for x in trows if x["kind"] == "fc.train.cluster_ids"]
-    assert len(ids_rows) == 3 and all(int(x["payload_bytes"]) == 8 * 240 for x in ids_rows)
+    assert cluster_id_dtype(3) == np.uint8
+    assert len(ids_rows) == 3 and all(int(x["payload_bytes"]) == 240 * 1 for x in ids_rows)
     assert_ledger_declared(trows, {1, 2, 3})
     assert_private(taudit, {1, 2, 3}, cooccurrence=True)
+    ids_sent = [x for x in audit_records(taudit)[0] if x["kind"] == "fc.train.cluster_ids"]
+    assert [(x["src"], x["dst"], x["dtype"], x["shape"]) for x in ids_sent] == [(c, 0, "uint8", [240])
+                                                                                 for c in (1, 2, 3)]
+    # The server got exactly the joint cluster counts of the in-process Algorithm 1 (which never
+    # sends, int64 ids throughout): same structure, same weights, bit for bit.
+    assert_same_as_in_process(load_fc(initial), shards, {"glue": "cooccurrence", "clusters": 3})  # fc0 ran EM
     assert summary["train_seconds_critical_path"] <= summary["train_seconds_total"]
     r, qledger, npz, qaudit = evaluate(4, shards, model, tmp_path, batch=16)
     assert r.returncode == 0, r.stderr
