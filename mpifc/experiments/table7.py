@@ -124,7 +124,9 @@ def cluster_note(datasets: Sequence[str]) -> str:
             f"{', '.join(on) if on else 'nowhere'}: there the k-means input leaves the target out "
             f"(--cluster-without-target; the cluster PCs still model it), because with the target in, k-means "
             f"made a cluster of only positives that then predicted y=1 for every row it dominated. Chosen on "
-            f"validation rows only, as the glue. Why: mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET")
+            f"validation rows only, as the glue (hybrid Income, whose label owner's private block is clustered, "
+            f"was checked and keeps the target in; a label held by every client sits in the shared block, "
+            f"which is never clustered). Why: mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET")
 
 
 def cell_config(cell: Cell) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 
 from mpifc.experiments import paper
 from mpifc.experiments.store import OK, Cell
@@ -23,8 +24,8 @@ def test_option_per_cell_and_only_fc_pc_records_it() -> None:
 
 def test_a_cell_run_with_the_other_setting_is_not_reused(tmp_path) -> None:
     store = ConfigCheckedStore(tmp_path)
-    for ds in DATASETS:
-        cell = Cell(ds, "vertical", 2, "fc-pc", 0)
+    for ds, st in itertools.product(DATASETS, ("vertical", "hybrid")):
+        cell = Cell(ds, st, 2, "fc-pc", 0)
         conf = cell_config(cell)
         # a record written before the option existed clustered with the target
         legacy = {k: v for k, v in conf.items() if k != "cluster_without_target"}
