@@ -313,10 +313,15 @@ def hp_flag(value: Any, name: str) -> bool:
     raise UserError(f"hyperparameter {name}={value!r}: expected true/false (or 1/0)")
 
 
+def clusters_without_target(hyperparameters: dict[str, Any]) -> bool:
+    """Whether plan ``hyperparameters`` switch :data:`CLUSTER_WITHOUT_TARGET` on (absent: off)."""
+    return hp_flag(hyperparameters.get(CLUSTER_WITHOUT_TARGET, False), CLUSTER_WITHOUT_TARGET)
+
+
 def cluster_columns(plan: FederationPlan, task: LeafTask) -> list[int]:
     """Positions in ``task.features`` that the task's k-means sees (:data:`CLUSTER_WITHOUT_TARGET`)."""
     cols = list(range(len(task.features)))
-    if hp_flag(plan.hyperparameters.get(CLUSTER_WITHOUT_TARGET, False), CLUSTER_WITHOUT_TARGET):
+    if clusters_without_target(plan.hyperparameters):
         if plan.target is None:
             raise UserError(f"hyperparameter {CLUSTER_WITHOUT_TARGET}: the data has no target column to leave out")
         cols = [j for j in cols if task.features[j] != plan.target]

@@ -15,7 +15,7 @@ from typing import Any
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.learners import learner_names
-from mpifc.federated.one_pass import CLUSTER_WITHOUT_TARGET, GLUE_MODES, hp_flag
+from mpifc.federated.one_pass import CLUSTER_WITHOUT_TARGET, GLUE_MODES, clusters_without_target
 
 
 def _parse_kv(items: list[str], what: str) -> dict[str, Any]:
@@ -114,8 +114,7 @@ def train_main(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     cfg["json"] = bool(args.json)
     m = load_manifest(args.dir)
-    without_target = hp_flag(cfg["hyperparameters"].get(CLUSTER_WITHOUT_TARGET, False), CLUSTER_WITHOUT_TARGET)
-    if without_target and m.target is None:
+    if clusters_without_target(cfg["hyperparameters"]) and m.target is None:
         raise UserError(f"--cluster-without-target: the manifest of {args.dir} names no target column")
     n_servers = 1 + (args.servers if args.assign == "tree" else 0)
     return run_job(_train_job, config=cfg, servers=n_servers, min_clients=m.n_clients,

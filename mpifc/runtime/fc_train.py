@@ -52,12 +52,11 @@ import numpy as np
 from mpifc.errors import UserError
 from mpifc.federated.assign import assign, client_rank_map
 from mpifc.federated.one_pass import (
-    CLUSTER_WITHOUT_TARGET,
     ClientDeclaration,
     ClientReport,
     FederationPlan,
     OnePassBuilder,
-    hp_flag,
+    clusters_without_target,
     insert_models,
     pack_cluster_ids,
     run_client_tasks,
@@ -316,8 +315,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         "learner": cfg["learner"], "glue": cfg["glue"], "clusters": int(cfg["clusters"]),
         "products": int(cfg["products"]), "seed": int(cfg["seed"]), "assign": cfg["assign"],
         # opt-in plan option (one_pass.CLUSTER_WITHOUT_TARGET), recorded only when on
-        **({"cluster_without_target": True}
-           if hp_flag(plan.hyperparameters.get(CLUSTER_WITHOUT_TARGET, False), CLUSTER_WITHOUT_TARGET) else {}),
+        **({"cluster_without_target": True} if clusters_without_target(plan.hyperparameters) else {}),
         "n_nodes": len(fc.nodes), "n_leaves": len(fc.leaves), "n_parameters": fc.num_parameters(),
         "bytes_train": bytes_train, "messages_train": messages,
         "em_train_ll": em_trace,
