@@ -231,7 +231,12 @@ def _global_breaks(column: np.ndarray, meta: str, card: int) -> np.ndarray:
     lo, hi = float(column.min()), float(column.max())
     if hi <= lo:
         return np.array([lo - 1.0, lo - 0.5, hi + 0.5, hi + 1.0])
-    br = np.histogram_bin_edges(column, bins="auto")
+    return _padded_edges(np.histogram_bin_edges(column, bins="auto"), lo, hi)
+
+
+def _padded_edges(br: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Finish ``auto`` edges ``br`` of a column spanning ``[lo, hi]``: at most 64 bins, the
+    maximum inside the last (half-open) bin, one wide bin (a quarter of the range) on each side."""
     if len(br) > 65:  # 'auto' grows with n; bound the leaf size
         br = np.linspace(lo, hi, 65)
     br[-1] = np.nextafter(br[-1], np.inf)  # half-open bins: keep the maximum inside
@@ -268,12 +273,7 @@ def _real_breaks(x: np.ndarray, cols: Sequence[int]) -> dict[int, np.ndarray]:
         br = np.linspace(first, last, n_bins + 1, endpoint=True, dtype=np.float64)
         if np.any(br[:-1] >= br[1:]):
             continue
-        lo, hi = float(first), float(last)
-        if len(br) > 65:  # as _global_breaks
-            br = np.linspace(lo, hi, 65)
-        br[-1] = np.nextafter(br[-1], np.inf)
-        pad = 0.25 * (hi - lo)
-        out[j] = np.concatenate([[lo - pad], br, [br[-1] + pad]])
+        out[j] = _padded_edges(br, float(first), float(last))
     return out
 
 
