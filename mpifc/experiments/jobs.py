@@ -190,6 +190,26 @@ def train_fc_cached(launcher: Launcher, shards: Path, runs: Path, *, em_initial:
     return cached_job(launcher, runs, FC_JOB, ranks, args, outputs, timeout)
 
 
+def train_fc_uncached(launcher: Launcher, shards: Path, runs: Path, *, timeout: float | None = None,
+                      **kw: Any) -> dict[str, Any]:
+    """:func:`train_fc` once more, outside the cache (a timing round): its model and ledger go to
+    a temporary folder under ``runs`` that is removed afterwards.
+
+    Returns:
+        The training summary plus ``ranks`` and ``job_seconds``.
+    """
+    import tempfile
+
+    args, ranks = fc_train_args(shards, **kw)
+    runs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=runs, prefix="timing-") as tmp:
+        job = launcher.run(ranks, ["-m", FC_JOB, *args, "--model", str(Path(tmp) / "model.h5"),
+                                   "--ledger", str(Path(tmp) / "ledger.csv")], timeout)
+        res = job.last_json()
+    res.pop("ledger", None)
+    return {**res, "ranks": ranks, "job_seconds": job.seconds}
+
+
 def evaluate_fc(shards: Path, model: Path, npz: Path | None = None) -> dict[str, Any]:
     """Gathered single-process evaluation: test LL (nats/sample), accuracy and macro F1.
 

@@ -81,6 +81,12 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
                    help="scaling: intermediate servers of --assign tree")
     p.add_argument("--parts", default=None, metavar="LIST", help="decentralization: parts to run")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    p.add_argument("--horizontal-split", default=None, choices=("paper", "label", "iid"),
+                   help="table1: horizontal sample split (paper: appendix E, random for the binary tabular "
+                        "sets and label for MNIST; label: every dataset by label subsets)")
+    p.add_argument("--timing-repeats", type=int, default=None, metavar="R",
+                   help="table1: rounds of (FedPC job, centralized fit) per tabular cell, each side its "
+                        "fastest (default 3; 1 with --quick)")
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,6 +112,12 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
             opts[key] = v
     if opts.get("max_rows") is not None and opts["max_rows"] < 10:
         raise UserError(f"--max-rows must be >= 10, got {opts['max_rows']}")
+    if getattr(args, "horizontal_split", None) is not None:
+        opts["horizontal_split_choice"] = args.horizontal_split
+    if getattr(args, "timing_repeats", None) is not None:
+        if args.timing_repeats < 1:
+            raise UserError(f"--timing-repeats must be >= 1, got {args.timing_repeats}")
+        opts["timing_repeats"] = args.timing_repeats
     if getattr(args, "parts", None):
         opts["parts"] = [s.strip() for s in args.parts.split(",") if s.strip()]
     return opts
@@ -126,7 +138,12 @@ def experiment_main(args: argparse.Namespace) -> int:
     seeds_spec = getattr(args, "seeds", None) or ("0" if quick else "0-4")
     seeds = parse_int_list(seeds_spec, "--seeds")
     out = Path(getattr(args, "out", None) or Path("results") / args.name)
-    summary = exp.run(out, seeds, quick, **options_from_args(args))
+    opts = options_from_args(args)
+    only_table1 = [f for f, k in (("--horizontal-split", "horizontal_split_choice"), ("--timing-repeats", "timing_repeats"))
+                   if k in opts]
+    if only_table1 and args.name != "table1":
+        raise UserError(f"{', '.join(only_table1)}: an option of table1 only, not of {args.name!r}")
+    summary = exp.run(out, seeds, quick, **opts)
     for path in summary.get("files", []):
         print(f"{args.name}: wrote {path}")
     if summary.get("markdown"):
