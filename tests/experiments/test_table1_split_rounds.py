@@ -52,3 +52,11 @@ def test_timing_rounds_keep_each_sides_fastest_and_stale_cells_rerun(tmp_path, s
     ccell = Cell("breast-cancer", "central", 1, "learnspn", 0)
     assert SplitCheckedStore(tmp_path, "paper", 5).done(ccell)
     assert not SplitCheckedStore(tmp_path, "label", 2).done(ccell)
+
+
+def test_the_split_does_not_make_vertical_cells_stale(tmp_path):
+    store = SplitCheckedStore(tmp_path, "label", 3)
+    cell = Cell("adult", "vertical", 2, "fedpc", 0)
+    store.save(cell, OK, {"horizontal_split": "iid", "timing_repeats": 3})
+    assert store.done(cell)
+    assert not SplitCheckedStore(tmp_path, "label", 1).done(cell)
