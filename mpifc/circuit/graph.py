@@ -113,8 +113,13 @@ class LeafNode(Node):
     def __init__(self, scope_var: int, dist: object) -> None:
         if isinstance(scope_var, bool) or not isinstance(scope_var, (int, np.integer)) or scope_var < 0:
             raise UserError(f"leaf node: scope_var must be an int >= 0, got {scope_var!r}")
-        super().__init__((), (int(scope_var),))
-        self.var: int = int(scope_var)
+        # What Node.__init__((), (var,)) sets, without its generic scope handling (LearnSPN
+        # makes one leaf per column of every factorised slice).
+        var = int(scope_var)
+        self.id = next(_ids)
+        self.children = []
+        self.scope = (var,)
+        self.var: int = var
         self.dist = dist
 
     @property

@@ -165,7 +165,7 @@ class _LeafMaker:
     """
 
     def __init__(self, x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> None:
-        from mpifc.circuit.leaves import FixedBins, Histogram, PiecewiseLinear, fit_leaf
+        from mpifc.circuit.leaves import FixedBins, Histogram, PiecewiseLinear, fit_leaf, piecewise_fit_fixed_columns
 
         self._fit = fit_leaf
         self._fit_hist = Histogram.fit_fixed
@@ -178,7 +178,8 @@ class _LeafMaker:
         for j in binned:
             if j not in self._breaks:
                 self._breaks[j] = _global_breaks(x[:, j], info.meta[j], info.cards[j])
-        self._bins: dict[int, Any] = {j: FixedBins(self._breaks[j]) for j in binned}
+        self._bins: dict[int, Any] = dict(zip(binned, FixedBins.many([self._breaks[j] for j in binned])))
+        self._fit_pw_columns = piecewise_fit_fixed_columns
         # Histogram / piecewise leaves reuse each column's bin geometry (bit-identical to the
         # generic fit, ~2.5x cheaper) unless leaf_kwargs asks for something the fast fit lacks.
         self._fixed = set(p.leaf_kwargs) <= {"alpha", "tail"}
@@ -191,6 +192,27 @@ class _LeafMaker:
         # Rows behind the leaf: lets resmooth() re-derive counts from smoothed probabilities.
         node.n_fit = len(values)  # type: ignore[attr-defined]
         return node
+
+    def columns(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> list[LeafNode]:
+        """``[self(v, x[rows, v]) for v in cols]``: one leaf per column of a fully factorised
+        slice, with its piecewise-linear leaves on fixed bins fitted together
+        (:func:`~mpifc.circuit.leaves.piecewise_fit_fixed_columns`, bit-identical)."""
+        pw = [i for i, v in enumerate(cols) if self._kinds[v] == "piecewise"] if self._fixed else []
+        fitted: dict[int, Any] = {}
+        if len(pw) > 1 and len(rows):
+            sel = cols[pw]
+            got = self._fit_pw_columns(x[np.ix_(rows, sel)], [self._bins[int(v)] for v in sel], **self._fixed_hp)
+            fitted = {i: lf for i, lf in zip(pw, got) if lf is not None}
+        out = []
+        for i, v in enumerate(cols):
+            lf = fitted.get(i)
+            if lf is None:
+                out.append(self(int(v), x[rows, v]))
+                continue
+            node = LeafNode(int(v), lf)
+            node.n_fit = len(rows)  # type: ignore[attr-defined]
+            out.append(node)
+        return out
 
     def _make(self, var: int, values: np.ndarray) -> LeafNode:
         info, p, kind = self._info, self._p, self._kinds[var]
@@ -262,19 +284,48 @@ def _real_breaks(x: np.ndarray, cols: Sequence[int]) -> dict[int, np.ndarray]:
     lows, highs = sub.min(0), sub.max(0)
     q75, q25 = np.percentile(sub, [75, 25], axis=0)
     cube, sturges_div, sqrt_div = n ** (-1.0 / 3.0), np.log2(n) + 1.0, np.sqrt(n)
-    for pos, j in enumerate(cols):
-        first, last = lows[pos], highs[pos]
-        if not (np.isfinite(first) and np.isfinite(last) and last > first):
-            continue  # the caller's generic path
-        ptp = np.subtract(last, first)
-        fd = 2.0 * np.subtract(q75[pos], q25[pos]) * cube
-        width = min(max(fd, ptp / sqrt_div / 2), ptp / sturges_div)
-        n_bins = int(np.ceil(np.subtract(last, first) / width)) if width else 1
-        br = np.linspace(first, last, n_bins + 1, endpoint=True, dtype=np.float64)
-        if np.any(br[:-1] >= br[1:]):
-            continue
-        out[j] = _padded_edges(br, float(first), float(last))
-    return out
+    # The rule's scalar steps, element-wise over the columns (same operations, same order).
+    ok = np.isfinite(lows) & np.isfinite(highs) & (highs > lows)
+    with np.errstate(all="ignore"):
+        ptp = np.subtract(highs, lows)
+        fd = 2.0 * np.subtract(q75, q25) * cube
+        width = np.minimum(np.maximum(fd, ptp / sqrt_div / 2), ptp / sturges_div)
+        n_bins = np.where(width > 0, np.ceil(ptp / width), 1.0)
+        step = np.subtract(highs, lows) / n_bins  # linspace's step (zero: its other branch)
+    small = [pos for pos in range(len(cols)) if ok[pos] and n_bins[pos] <= 64 and step[pos] != 0]
+    for pos in range(len(cols)):  # more than 64 bins, or a zero step: one column at a time
+        if ok[pos] and pos not in small:
+            first, last = lows[pos], highs[pos]
+            br = np.linspace(first, last, int(n_bins[pos]) + 1, endpoint=True, dtype=np.float64)
+            if not np.any(br[:-1] >= br[1:]):
+                out[cols[pos]] = _padded_edges(br, float(first), float(last))
+    if not small:
+        return out
+    # np.linspace(first, last, nb + 1) of the other columns at once (arange * step + first, the
+    # last point set to ``last``), then _padded_edges (at most 65 points: no re-spacing).
+    first, last, step = lows[small], highs[small], step[small]
+    num = n_bins[small].astype(np.int64) + 1
+    end = np.cumsum(num)
+    start = end - num
+    br = (np.arange(int(end[-1])) - np.repeat(start, num)).astype(np.float64)
+    br *= np.repeat(step, num)
+    br += np.repeat(first, num)
+    br[end - 1] = last
+    inside = np.ones(br.size - 1, dtype=bool)
+    inside[end[:-1] - 1] = False
+    rising = np.add.reduceat(((br[:-1] >= br[1:]) & inside).astype(np.int64), start) == 0
+    br[end - 1] = np.nextafter(br[end - 1], np.inf)  # half-open bins: keep the maximum inside
+    pad = 0.25 * np.subtract(last, first)
+    for r, pos in enumerate(small):
+        if not rising[r]:
+            continue  # edges that do not increase: the caller's generic path
+        s, e = int(start[r]), int(end[r])
+        col = np.empty(e - s + 2)
+        col[0] = first[r] - pad[r]
+        col[1: -1] = br[s: e]
+        col[-1] = br[e - 1] + pad[r]
+        out[cols[pos]] = col
+    return {j: out[j] for j in cols if j in out}
 
 
 def _constant_columns(block: np.ndarray, meta: Sequence[str]) -> np.ndarray:
@@ -317,8 +368,8 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
             attach(make_leaf(int(cols[0]), x[rows, cols[0]]))
             return
         prod = ProductNode(scope=cols.tolist())
-        for v in cols:
-            prod.add_child(make_leaf(int(v), x[rows, v]))
+        for leaf in make_leaf.columns(x, rows, cols):
+            prod.add_child(leaf)
         attach(prod)
 
     while queue:

@@ -817,6 +817,51 @@ class FixedBins:
         self.knot_steps = np.diff(self.knots)
         self._constant: dict[float, FixedBins] = {}
 
+    @classmethod
+    def many(cls, edges: Sequence[np.ndarray]) -> list["FixedBins"]:
+        """``[FixedBins(e) for e in edges]``, bit for bit, with the geometry of all edge arrays
+        computed by one pass of element-wise operations over their concatenation (the per-array
+        cost of a few dozen small numpy calls is what a small LearnSPN fit pays per column).
+        Any edge array that ``FixedBins`` would reject goes through the constructor (its error)."""
+        arrs = [np.array(e, dtype=np.float64).reshape(-1) for e in edges]
+        if not arrs:
+            return []
+        lens = np.array([a.size for a in arrs], dtype=np.int64)
+        flat = np.concatenate(arrs)
+        ends = np.cumsum(lens)
+        starts = ends - lens
+        step = flat[1:] - flat[:-1]  # np.diff, across array boundaries too (those are ignored)
+        inside = np.ones(step.size, dtype=bool)
+        inside[ends[:-1] - 1] = False
+        if lens.min() < 2 or not np.isfinite(flat).all() or np.any(step[inside] <= 0):
+            return [cls(a) for a in arrs]
+        pw = flat.copy()
+        pw[ends - 1] = np.nextafter(pw[ends - 1], np.inf)
+        pw_step = pw[1:] - pw[:-1]
+        centre = 0.5 * (pw[:-1] + pw[1:])
+        first = pw[starts] - 0.5 * pw_step[starts]
+        last = pw[ends - 1] + 0.5 * pw_step[ends - 2]
+        # Knots of array j: first[j], its centres, last[j]; laid out back to back (j extra slots each).
+        knots = np.empty(flat.size + len(arrs))
+        at = np.arange(len(arrs))
+        knots[starts + at] = first
+        knots[ends + at] = last
+        knots[np.flatnonzero(inside) + np.repeat(at, lens - 1) + 1] = centre[inside]
+        knot_step = knots[1:] - knots[:-1]
+        out = []
+        for j, a in enumerate(arrs):
+            s, e = int(starts[j]), int(ends[j])
+            b = cls.__new__(cls)
+            b.edges = a
+            b.widths = step[s: e - 1].copy()
+            b.pw_edges = pw[s: e].copy()
+            b.pw_widths = pw_step[s: e - 1].copy()
+            b.knots = knots[s + j: e + j + 1].copy()
+            b.knot_steps = knot_step[s + j: e + j].copy()
+            b._constant = {}
+            out.append(b)
+        return out
+
     def constant(self, value: float) -> "FixedBins":
         """The one bin ``[value - 0.5, value + 0.5]`` that the generic piecewise fit uses for a
         slice whose values all equal ``value`` (cached: constant slices repeat a few values)."""
@@ -899,6 +944,89 @@ def _piecewise_fit_fixed(cls: type, values: Any, bins: FixedBins, alpha: float =
     obj = cls.__new__(cls)
     obj._p = {"xs": bins.knots.copy(), "ys": ys / area, "tail": np.array(_check_tail(tail, "PiecewiseLinear"))}
     return obj
+
+
+def piecewise_fit_fixed_columns(block: np.ndarray, bins: Sequence[FixedBins], alpha: float = 1.0,
+                                tail: float = TAIL_MASS) -> list[Any]:
+    """``[PiecewiseLinear.fit_fixed(block[:, j], bins[j], alpha, tail) for j ...]`` for the
+    columns of one slice, bit for bit: the element-wise steps run once over all columns'
+    concatenated bins, and only the reductions (each a sum over one column's own contiguous
+    values, as in the single fit) run per column. ``None`` marks a column that this path leaves
+    to :meth:`PiecewiseLinear.fit_fixed` (a constant column, or any fit that would fall back to
+    the generic one).
+
+    Args:
+        block: ``(n, m)`` float64 values, ``n >= 1``.
+        bins: ``m`` column geometries.
+    """
+    n, m = block.shape
+    out: list[Any] = [None] * m
+    if m == 0 or n == 0 or block.dtype != np.float64 or not np.isfinite(block).all():
+        return out
+    if not 0.0 <= float(tail) < 1.0:
+        return out  # the single fit raises the error
+    tail_v = float(tail)
+    cols = np.ascontiguousarray(block.T)  # row j: column j's values, contiguous as x[rows, v]
+    lo, hi = cols.min(1), cols.max(1)
+    use = [j for j in range(m) if hi[j] > lo[j]]
+    if not use:
+        return out
+    nb = np.array([bins[j].pw_widths.size for j in use], dtype=np.int64)
+    bin_end = np.cumsum(nb)
+    bin_start = bin_end - nb
+    total = int(bin_end[-1])
+    idx = np.empty((len(use), n), dtype=np.int64)
+    for r, j in enumerate(use):  # _fixed_counts per column, shifted to the column's bins
+        e = bins[j].pw_edges
+        k = np.searchsorted(e, cols[j], side="right") - 1
+        k[cols[j] == e[-1]] = nb[r] - 1
+        k[(k < 0) | (k >= nb[r])] = total - bin_start[r]  # outside the bins: a spare slot, dropped
+        idx[r] = k + bin_start[r]
+    with np.errstate(all="ignore"):  # a column that would fail is left to the single fit
+        return _piecewise_columns_rest(idx, total, nb, bin_start, bin_end, use, bins, out, alpha, tail_v)
+
+
+def _piecewise_columns_rest(idx: np.ndarray, total: int, nb: np.ndarray, bin_start: np.ndarray,
+                            bin_end: np.ndarray, use: list[int], bins: Sequence[FixedBins], out: list[Any],
+                            alpha: float, tail_v: float) -> list[Any]:
+    """The arithmetic of :func:`piecewise_fit_fixed_columns` once the bin indices are known."""
+    c = np.bincount(idx.reshape(-1), minlength=total + 1)[:total].astype(np.float64) + alpha
+    widths = np.concatenate([bins[j].pw_widths for j in use])
+    add = np.add.reduce  # ndarray.sum() of a 1-D array, without the method's wrapper
+    csum = np.array([add(c[bin_start[r]: bin_end[r]]) for r in range(len(use))])
+    d = c / np.repeat(csum, nb) / widths
+    dw = d * widths
+    mass = np.array([float(add(dw[bin_start[r]: bin_end[r]])) for r in range(len(use))])
+    bad_d = np.add.reduceat((~np.isfinite(d) | (d < 0)).astype(np.int64), bin_start)
+    # ys per column: 0, d / mass, 0 (knot layout: nb + 2 values each), then twice normalised
+    nk = nb + 2
+    k_end = np.cumsum(nk)
+    k_start = k_end - nk
+    ys = np.zeros(int(k_end[-1]))
+    at = np.repeat(np.arange(len(use)), nb)
+    ys[np.arange(total) + 2 * at + 1] = d / np.repeat(mass, nb)
+    steps = np.concatenate([bins[j].knot_steps for j in use])
+    # each column's knot steps (nk - 1 of them) aligned with its ys; 0 between two columns
+    st = np.zeros(ys.size - 1)
+    inside = np.ones(ys.size - 1, dtype=bool)
+    inside[k_end[:-1] - 1] = False  # between two columns
+    st[inside] = steps
+
+    def trapezoids(y: np.ndarray) -> np.ndarray:
+        prod = st * (y[1:] + y[:-1]) / 2.0
+        return np.array([add(prod[k_start[r]: k_end[r] - 1]) for r in range(len(use))])
+
+    ys = ys / np.repeat(trapezoids(ys), nk)
+    area = trapezoids(ys)
+    bad_y = np.add.reduceat((ys < 0).astype(np.int64), k_start)
+    for r, j in enumerate(use):
+        if bad_d[r] or csum[r] <= 0 or not abs(mass[r] - 1) <= 1e-6 or bad_y[r] or not abs(float(area[r]) - 1) <= 1e-6:
+            continue  # the single fit decides (it falls back to the generic fit)
+        obj = PiecewiseLinear.__new__(PiecewiseLinear)
+        obj._p = {"xs": bins[j].knots.copy(), "ys": ys[k_start[r]: k_end[r]] / float(area[r]),
+                  "tail": np.array(tail_v)}
+        out[j] = obj
+    return out
 
 
 # ============================================================================== DiscretizedGaussian

@@ -118,6 +118,11 @@ LAYOUT = 2
 
 def _small_uint(values: Any) -> np.ndarray:
     """``values`` (non-negative integers) in the smallest unsigned dtype that holds them."""
+    if isinstance(values, list):  # Python ints (the writer's own lists): no int64 detour
+        top = max(values) if values else 0
+        for dt in (np.uint8, np.uint16, np.uint32):
+            if top <= np.iinfo(dt).max:
+                return np.array(values, dtype=dt)
     a = np.asarray(values, dtype=np.int64).reshape(-1)
     top = int(a.max()) if a.size else 0
     for dt in (np.uint8, np.uint16, np.uint32):
@@ -131,7 +136,9 @@ def save_graph(root: G.Node, group: Any) -> None:
     order = G.topological_order(root)
     pos = {id(n): i for i, n in enumerate(order)}
     leaves_in_order = [n for n in order if isinstance(n, G.LeafNode)]
-    names = sorted({n.dist.type_name for n in leaves_in_order}, key=list(LEAF_TYPES).index)
+    type_names = [n.dist.type_name for n in leaves_in_order]
+    names = sorted(set(type_names), key=list(LEAF_TYPES).index)
+    code = {name: t for t, name in enumerate(names)}
     kind = np.array([_KIND[n.kind] for n in order], dtype=np.int8)
     sums = [n for n in order if isinstance(n, G.SumNode)]
     w = (np.concatenate([np.asarray(n.weights, dtype=np.float64) for n in sums]) if sums
@@ -141,28 +148,30 @@ def save_graph(root: G.Node, group: Any) -> None:
     group.create_dataset("child_idx", data=_small_uint([pos[id(c)] for n in order for c in n.children]))
     group.create_dataset("sum_weights", data=w)
     group.create_dataset("leaf_var", data=_small_uint([n.var for n in leaves_in_order]))
-    ltype = np.array([names.index(n.dist.type_name) for n in leaves_in_order], dtype=np.int8)
+    ltype = [code[name] for name in type_names]
     if len(names) > 1:
-        group.create_dataset("leaf_type", data=ltype)
-    declared = [tuple(n.scope) for n in order]
+        group.create_dataset("leaf_type", data=np.array(ltype, dtype=np.int8))
     if any(tuple(sorted(set().union(*(c.scope for c in n.children)))) != tuple(sorted(n.scope))
            for n in order if not isinstance(n, G.LeafNode)):
+        declared = [tuple(n.scope) for n in order]
         group.create_dataset("scope_ptr", data=_small_uint(np.cumsum([0] + [len(s) for s in declared])))
         group.create_dataset("scope_vars", data=_small_uint([v for s in declared for v in s]))
     group.attrs["leaf_types"] = names
     group.attrs["layout"] = LAYOUT
     lg = group.create_group("leaves")
     for t, name in enumerate(names):
-        mine = [n.dist for n, lt in zip(leaves_in_order, ltype) if lt == t]
+        # The leaves' own parameter arrays, read in place (``params()`` would copy each one):
+        # every dataset below is a fresh concatenation, so nothing of the leaves is shared.
+        mine = [n.dist._p for n, lt in zip(leaves_in_order, ltype) if lt == t]
         sub = lg.create_group(name)
         cls = LEAF_TYPES[name]
         for p in cls.param_names:
-            arrs = [lf.params()[p] for lf in mine]
+            arrs = [prm[p].reshape(-1) for prm in mine]
+            flat = np.concatenate(arrs)
             if p in cls.ragged:
-                sub.create_dataset(p, data=np.concatenate([a.reshape(-1) for a in arrs]))
+                sub.create_dataset(p, data=flat)
                 sub.create_dataset(p + ".len", data=_small_uint([a.size for a in arrs]))
                 continue
-            flat = np.concatenate([a.reshape(-1) for a in arrs])
             # One value shared by every leaf (a configuration such as min_var) is stored once;
             # comparing bit patterns keeps -0.0/0.0 and NaNs exact.
             same = flat.size > 1 and bool(np.all(flat.view(np.uint64) == flat[:1].view(np.uint64)))

@@ -181,6 +181,8 @@ _STATIC_STRINGS = (
     "d", "target_index", "left", "right", "feature", "threshold",
 )
 
+_STATIC_INDEX = {t: i for i, t in enumerate(_STATIC_STRINGS)}
+
 
 class _WireFile:
     """What ``group.file`` offers the model loaders (a name for error messages)."""
@@ -298,7 +300,7 @@ class _HeaderWriter:
 
     def __init__(self) -> None:
         self.out = bytearray()
-        self._strings: dict[str, int] = {t: i for i, t in enumerate(_STATIC_STRINGS)}
+        self._strings: dict[str, int] = dict(_STATIC_INDEX)
 
     def uint(self, n: int) -> None:
         """Unsigned LEB128: 7 bits a byte, high bit set on all but the last."""
@@ -391,14 +393,22 @@ class _HeaderReader:
         return out
 
     def byte(self) -> int:
-        return self.take(1)[0]
+        if self.pos >= self.end:
+            raise ValueError("header ends early")
+        self.pos += 1
+        return self.buf[self.pos - 1]
 
     def uint(self) -> int:
+        buf, pos, end = self.buf, self.pos, self.end
         n = shift = 0
         while True:
-            b = self.byte()
+            if pos >= end:
+                raise ValueError("header ends early")
+            b = buf[pos]
+            pos += 1
             n |= (b & 0x7F) << shift
             if not b & 0x80:
+                self.pos = pos
                 return n
             shift += 7
             if shift > 63:
@@ -576,7 +586,7 @@ def model_to_bytes(model: Any) -> np.ndarray:
     out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     off = len(head)
     for a in arrays:
-        out[off: off + a.nbytes] = np.frombuffer(np.ascontiguousarray(a).tobytes(), dtype=np.uint8)
+        out[off: off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # raw bytes, C order
         off += a.nbytes
     return out
 
