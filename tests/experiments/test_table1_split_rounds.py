@@ -7,7 +7,7 @@ from mpifc.errors import UserError
 from mpifc.experiments import registry
 from mpifc.experiments.main import main
 from mpifc.experiments.store import OK, Cell
-from mpifc.experiments.table1 import SplitCheckedStore, horizontal_split
+from mpifc.experiments.table1 import SplitCheckedStore, fit_critical_path, horizontal_split
 
 
 def test_paper_split_is_random_for_binary_tabular_sets_and_by_label_for_mnist():
@@ -40,6 +40,9 @@ def test_timing_rounds_keep_each_sides_fastest_and_stale_cells_rerun(tmp_path, s
     assert rec["train_seconds_critical_path"] == min(cps) > 0
     assert rec["central_seconds"] == min(cents) > 0
     assert rec["relative_runtime"] == pytest.approx(min(cps) / min(cents))
+    # reading the shards is left out (the centralized timing does not read either)
+    assert rec["critical_path"] == "learn+serialize+server"
+    assert 0 < rec["train_seconds_critical_path"] < rec["train_seconds_critical_path_job"]
     central = next(r for r in summary["records"] if r["setting"] == "central")
     assert central["status"] == OK and central["horizontal_split"] == "iid"
     assert "--horizontal-split paper" in (tmp_path / "table1.md").read_text()
@@ -57,6 +60,22 @@ def test_timing_rounds_keep_each_sides_fastest_and_stale_cells_rerun(tmp_path, s
 def test_the_split_does_not_make_vertical_cells_stale(tmp_path):
     store = SplitCheckedStore(tmp_path, "label", 3)
     cell = Cell("adult", "vertical", 2, "fedpc", 0)
-    store.save(cell, OK, {"horizontal_split": "iid", "timing_repeats": 3})
+    store.save(cell, OK, {"horizontal_split": "iid", "timing_repeats": 3, "critical_path": "learn+serialize+server"})
     assert store.done(cell)
     assert not SplitCheckedStore(tmp_path, "label", 1).done(cell)
+
+
+def test_fit_critical_path_is_the_slowest_clients_fit_plus_the_server():
+    job = {"train_seconds_critical_path": 9.0,
+           "client_seconds": {"0": {"read": 5.0, "learn": 1.0, "serialize": 0.25, "em": 0.0},
+                              "1": {"read": 0.0, "learn": 2.0, "serialize": 0.5, "em": 0.5}},
+           "server_seconds": {"plan": 0.125, "assemble": 0.25, "deserialize": 0.125}}
+    assert fit_critical_path(job) == 2.0 + 0.5 + 0.5 + 0.5
+    assert fit_critical_path({"train_seconds_critical_path": 1.5}) == 1.5
+
+
+def test_cells_timed_with_the_jobs_own_critical_path_are_stale(tmp_path):
+    cell = Cell("credit", "horizontal", 5, "fedpc", 1)
+    store = SplitCheckedStore(tmp_path, "paper", 3)
+    store.save(cell, OK, {"horizontal_split": "iid", "timing_repeats": 3})
+    assert not store.done(cell)
