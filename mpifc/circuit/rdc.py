@@ -99,7 +99,32 @@ def ecdf(values: np.ndarray, ties: str = "max") -> np.ndarray:
     if ties not in TIES:
         raise ValueError(f"ecdf: ties must be one of {TIES}, got {ties!r}")
     n = values.shape[0]
+    if ties == "ordinal" and _plain_table(values):
+        return _ordinal_ranks(values) / float(n)
     return rankdata(values, method=ties, axis=0) / float(n)
+
+
+def _plain_table(values: np.ndarray) -> bool:
+    """Whether ``values`` is a non-empty 2-D real array without NaN (an infinite sum of finite
+    values only sends it to SciPy)."""
+    if not isinstance(values, np.ndarray) or values.ndim != 2 or values.size == 0:
+        return False
+    if values.dtype.kind not in "biuf":
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(values.sum()))
+
+
+def _ordinal_ranks(values: np.ndarray) -> np.ndarray:
+    """``scipy.stats.rankdata(values, method="ordinal", axis=0)``: the same int64 ranks (ties in
+    row order, i.e. the inverse of the stable sort, which is unique), computed as SciPy does
+    (stable argsort of the transposed columns, ranks scattered back) without its ~50 us of
+    array-API dispatch and NaN handling per call (no NaN here, see :func:`_plain_table`)."""
+    n, m = values.shape
+    order = np.argsort(values.T, axis=-1, kind="stable")
+    ranks = np.empty((m, n), dtype=np.int64)
+    np.put_along_axis(ranks, order, np.arange(1, n + 1, dtype=np.int64), axis=-1)
+    return ranks.T
 
 
 def _copula_inputs(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int],
@@ -119,6 +144,49 @@ def _copula_inputs(data: np.ndarray, categorical: Sequence[bool], cards: Sequenc
             onehot[np.arange(n), data[:, j].astype(np.int64).clip(0, c - 1)] = 1.0
             out[j] = np.column_stack([ecdf(onehot), np.ones(n)])
     return out  # type: ignore[return-value]
+
+
+def _projection_inputs(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int],
+                       ties: str) -> tuple[np.ndarray, list[int]]:
+    """:func:`_copula_inputs` laid out for the batched projection: a ``(d, n, width)`` work
+    array holding column ``j``'s inputs in ``[j, :, :w_j]`` and zeros after, and the widths
+    ``w_j`` (2 for a continuous column, ``cards[j] + 1`` for a one-hot one). The same values,
+    copied straight into place (no per-column stacking and no transposing copy)."""
+    n, d = data.shape
+    cont = [j for j in range(d) if not categorical[j]]
+    onehot_ecdf = {}
+    for j in range(d):
+        if categorical[j]:
+            c = max(int(cards[j]), 1)
+            onehot = np.zeros((n, c))
+            onehot[np.arange(n), data[:, j].astype(np.int64).clip(0, c - 1)] = 1.0
+            onehot_ecdf[j] = ecdf(onehot)
+    widths = [onehot_ecdf[j].shape[1] + 1 if categorical[j] else 2 for j in range(d)]
+    width = max(widths)
+    xt = _work("xt", (d, n, width))
+    if min(widths) < width:
+        xt.fill(0.0)
+    if cont:
+        xt[cont, :, 0] = ecdf(data[:, cont], ties).T
+        xt[cont, :, 1] = 1.0
+    for j, u in onehot_ecdf.items():
+        xt[j, :, : u.shape[1]] = u
+        xt[j, :, u.shape[1]] = 1.0
+    return xt, widths
+
+
+_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(d, 1)``, computed once per ``d`` (read-only arrays)."""
+    pairs = _PAIRS.get(d)
+    if pairs is None:
+        iu, ju = np.triu_indices(d, 1)
+        iu.flags.writeable = False
+        ju.flags.writeable = False
+        pairs = _PAIRS[d] = (iu, ju)
+    return pairs
 
 
 def rdc_matrix(
@@ -180,21 +248,20 @@ def _random_feature_rdc(
     no fresh pages per call (see there).
     """
     n, d = data.shape
-    inputs = _copula_inputs(data, categorical, cards, ties)
     kk = max([k] + [int(cards[j]) for j in range(d) if categorical[j]])
     m = d * kk
     # Same-shaped projections for every column (zero-padded rows for narrower inputs) let one
     # batched matmul build all features at once.
-    width = max(x.shape[1] for x in inputs)
-    xin = _work("xin", (n, d, width))
-    xin.fill(0.0)
+    xt, widths = _projection_inputs(data, categorical, cards, ties)  # (d, n, width)
+    width = xt.shape[2]
     proj = np.zeros((d, width, kk))
     gauss = rng.standard_normal((d, width, kk))
-    for j, x in enumerate(inputs):
-        xin[:, j, : x.shape[1]] = x
-        proj[j, : x.shape[1]] = gauss[j, : x.shape[1]] * (s / x.shape[1])
-    xt = _work("xt", (d, n, width))  # (d, n, width): batched matmul layout
-    np.copyto(xt, xin.transpose(1, 0, 2))
+    cont = [j for j in range(d) if not categorical[j]]
+    if cont:  # continuous columns: inputs (u, 1), width 2
+        proj[cont, :2] = gauss[cont, :2] * (s / 2)
+    for j in range(d):
+        if categorical[j]:
+            proj[j, : widths[j]] = gauss[j, : widths[j]] * (s / widths[j])
 
     # Mean and raw second moments of the (n, d*kk) feature matrix, accumulated in row blocks.
     total = np.zeros(m)
@@ -212,14 +279,16 @@ def _random_feature_rdc(
         else:  # later blocks: products into pair stack a's buffer (unused until the pairs below)
             gram += np.matmul(feats.T, feats, out=_work("pairs_a", (m, m)))
     mean = total / n
-    # cov = gram / n - outer(mean, mean), in place and a row block at a time (same values).
-    cov = np.divide(gram, n, out=gram)
-    for i in range(d):
-        cov[i * kk : (i + 1) * kk] -= np.outer(mean[i * kk : (i + 1) * kk], mean)
-    blocks = cov.reshape(d, kk, d, kk).transpose(0, 2, 1, 3)  # (d, d, kk, kk)
+    # Covariance blocks, cov = gram / n - outer(mean, mean), element by element: only the
+    # blocks used below are formed (the diagonal ones and those above it), each written once
+    # into place. raw[i, :, j, :] is the (i, j) block of raw moments.
+    raw = gram.reshape(d, kk, d, kk)
+    mean_blocks = mean.reshape(d, kk)
+    columns = np.arange(d)
 
     # Whitening per column: W_j = V diag(lam^-1/2) on the directions that exist.
-    diag = blocks[np.arange(d), np.arange(d)]
+    diag = np.divide(raw[columns, :, columns, :], n)  # (d, kk, kk): the (j, j) blocks
+    diag -= mean_blocks[:, :, None] * mean_blocks[:, None, :]
     diag = 0.5 * (diag + diag.transpose(0, 2, 1))
     lam, vec = np.linalg.eigh(diag)
     lam_max = np.maximum(lam.max(axis=1, keepdims=True), 0.0)
@@ -233,15 +302,17 @@ def _random_feature_rdc(
     # One eigenproblem per unordered pair (i < j): the (j, i) block is the transpose of the
     # (i, j) one and has the same singular values, and the diagonal is 1 by definition. The
     # batched (k, k) eigensolves are the fixed cost of a split, which dominates on small slices.
-    iu, ju = np.triu_indices(d, 1)
+    iu, ju = _pairs(d)
     shape = (len(iu), kk, kk)
-    # Three stacks of pair blocks serve six intermediates, each written once its previous
-    # occupant is dead: a = blocks[iu, ju] -> cross, b = white[iu] -> white[ju], c = left -> sym.
+    # Three stacks of pair blocks serve seven intermediates, each written once its previous
+    # occupant is dead: a = cov blocks (i, j > i) -> cross, b = outer blocks -> white[iu] ->
+    # white[ju], c = left -> sym.
     a, b, c = (_work(f"pairs_{name}", shape) for name in "abc")
     start = 0
-    for i in range(d - 1):  # a = blocks[iu, ju], a row of blocks at a time (iu is sorted)
-        a[start : start + d - 1 - i] = blocks[i, i + 1 :]
+    for i in range(d - 1):  # a = gram blocks (i, j > i) / n, a row of blocks at a time (iu is sorted)
+        np.divide(raw[i, :, i + 1 :, :].transpose(1, 0, 2), n, out=a[start : start + d - 1 - i])
         start += d - 1 - i
+    a -= np.multiply(mean_blocks[iu][:, :, None], mean_blocks[ju][:, None, :], out=b)
     np.take(white, iu, axis=0, out=b)
     left = np.matmul(b.transpose(0, 2, 1), a, out=c)
     np.take(white, ju, axis=0, out=b)

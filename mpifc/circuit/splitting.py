@@ -7,6 +7,7 @@ structure learner in :mod:`mpifc.circuit.learnspn` owns all bookkeeping.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from contextlib import contextmanager
 from typing import Iterator, Sequence
@@ -21,13 +22,42 @@ from threadpoolctl import ThreadpoolController
 from mpifc.circuit.rdc import RDC_K, gtest_pvalues, rdc_matrix
 
 
+_CLOSURE_MAX_D = 64
+"""Up to this many columns, components come from a boolean transitive closure (a few tiny
+matrix products); beyond, from a breadth-first search (the closure costs ``O(d^3)`` each)."""
+
+
 def dependency_components(dependent: np.ndarray) -> list[np.ndarray]:
-    """Connected components of a boolean ``(d, d)`` dependency graph (breadth-first search).
+    """Connected components of a boolean ``(d, d)`` dependency graph.
 
     Returns:
-        Arrays of local column indices, ordered by their smallest member (deterministic).
+        Arrays of local column indices (ascending), ordered by their smallest member
+        (deterministic).
     """
     dep = np.asarray(dependent, dtype=bool)
+    d = dep.shape[0]
+    if d == 0:
+        return []
+    if d > _CLOSURE_MAX_D:
+        return _components_bfs(dep)
+    # Reachability: square (adjacency | identity) until it stops growing (<= log2(d) products;
+    # path counts are small integers, exact in float64). LearnSPN asks this once per column
+    # split, mostly of ~10-30 columns, where the search's Python loop cost ~0.25 ms.
+    reach = dep | dep.T
+    np.fill_diagonal(reach, True)
+    while True:
+        step = reach.astype(np.float64)
+        wider = (step @ step) > 0
+        if np.array_equal(wider, reach):
+            break
+        reach = wider
+    smallest = np.argmax(reach, axis=1)  # each column's component, named by its smallest member
+    order = np.argsort(smallest, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(smallest[order])) + 1)
+
+
+def _components_bfs(dep: np.ndarray) -> list[np.ndarray]:
+    """:func:`dependency_components` by breadth-first search (large ``d``)."""
     dep = dep | dep.T
     d = dep.shape[0]
     assigned = np.zeros(d, dtype=bool)
@@ -119,6 +149,109 @@ def single_native_thread() -> Iterator[None]:
             _SINGLE_THREAD_DEPTH[0] -= 1
 
 
+_KMEANS_TOL = 1e-4
+"""scikit-learn's default ``KMeans(tol=...)``, scaled by the data's mean variance."""
+
+_KMEANS_MAX_ITER = 300
+"""scikit-learn's default ``KMeans(max_iter=...)``."""
+
+_KMEANS_ROUTINES: list = []
+
+
+def _kmeans_routines() -> tuple | None:
+    """scikit-learn's private k-means routines that :meth:`KMeans.fit` runs, imported once;
+    ``None`` if this scikit-learn lays them out differently (then :func:`kmeans_labels` uses
+    the estimator)."""
+    if not _KMEANS_ROUTINES:
+        try:
+            from sklearn.cluster._kmeans import (_is_same_clustering, _kmeans_plusplus,
+                                                 _kmeans_single_lloyd, _tolerance)
+            from sklearn.utils._openmp_helpers import _openmp_effective_n_threads
+            from sklearn.utils.extmath import row_norms
+
+            routines = (_tolerance, _openmp_effective_n_threads, row_norms, _kmeans_plusplus,
+                        _kmeans_single_lloyd, _kmeans_single_lloyd.__wrapped__, _is_same_clustering)
+        except (ImportError, AttributeError):
+            routines = None
+        _KMEANS_ROUTINES.append(routines)
+    return _KMEANS_ROUTINES[0]
+
+
+_RANDOM_STATES = threading.local()
+
+
+def _seeded_random_state(seed: int) -> np.random.RandomState:
+    """This thread's reused ``RandomState``, re-seeded: the same state (and draws) as a fresh
+    ``RandomState(seed)``, which is what ``KMeans(random_state=seed)`` builds. A fresh one first
+    seeds its ``MT19937`` from OS entropy and then overwrites that with the legacy seeding
+    (~0.45 ms, a tenth of a small slice's clustering); ``RandomState.seed`` only does the latter
+    (MT19937 init + cleared Gaussian cache)."""
+    state = getattr(_RANDOM_STATES, "state", None)
+    if state is None:
+        state = _RANDOM_STATES.state = np.random.RandomState(0)
+    state.seed(seed)
+    return state
+
+
+def _all_finite(x: np.ndarray) -> bool:
+    """Whether a float array has no NaN/inf: its sum is finite (an overflowing sum of finite
+    values only sends it to the slow path)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(x.sum()))
+
+
+def kmeans_labels(x: np.ndarray, n_clusters: int, n_init: int, seed: int) -> np.ndarray:
+    """``KMeans(n_clusters, n_init=n_init, random_state=seed).fit_predict(x)``, same labels
+    (``(n,)`` int32, bit for bit), without the estimator's per-call overheads.
+
+    LearnSPN clusters once per row split, mostly small slices, where the estimator's input
+    validation, parameter checks and per-restart thread-pool limit cost as much as the
+    clustering. This runs scikit-learn's own routines in :meth:`KMeans.fit`'s order with its
+    arguments: a C-ordered copy, the tolerance from the uncentred copy, ``RandomState(seed)``,
+    unit weights, centring, squared row norms, then per restart k-means++ and Lloyd, keeping
+    the first run unless a later one has lower inertia and a different partition. Inside
+    :func:`single_native_thread` (native pools already at one thread) Lloyd runs without its
+    own BLAS limit, which is then a no-op. Anything else -- not a finite float64 matrix with
+    at least ``n_clusters`` rows, a non-integer seed, or another scikit-learn layout -- goes to
+    the estimator, which also raises its usual errors. The seeded ``RandomState`` is reused
+    (:func:`_seeded_random_state`). ``tests/circuit/test_splitting_fast_paths.py`` checks the
+    labels against the estimator (it guards a scikit-learn upgrade).
+    """
+    routines = _kmeans_routines()
+    if (routines is None or type(x) is not np.ndarray or x.dtype != np.float64 or x.ndim != 2
+            or not isinstance(seed, (int, np.integer)) or not isinstance(n_clusters, (int, np.integer))
+            or not isinstance(n_init, (int, np.integer)) or n_clusters < 1 or n_init < 1
+            or x.shape[1] < 1 or x.shape[0] < n_clusters or not _all_finite(x)):
+        return KMeans(n_clusters=n_clusters, n_init=n_init, random_state=seed).fit_predict(x)
+    tolerance, n_threads_of, row_norms, plusplus, lloyd_limited, lloyd_bare, same_clustering = routines
+    k = int(n_clusters)
+    data = np.array(x, dtype=np.float64, order="C", copy=True)
+    tol = tolerance(data, _KMEANS_TOL)
+    random_state = _seeded_random_state(seed)
+    weights = np.ones(data.shape[0], dtype=np.float64)
+    n_threads = n_threads_of()
+    data -= data.mean(axis=0)
+    squared_norms = row_norms(data, squared=True)
+    lloyd = lloyd_bare if _SINGLE_THREAD_DEPTH[0] else lloyd_limited
+    best_labels, best_inertia = None, None
+    for _ in range(int(n_init)):
+        centres, _ = plusplus(data, k, random_state=random_state, x_squared_norms=squared_norms,
+                              sample_weight=weights)
+        labels, inertia, _, _ = lloyd(data, weights, centres, max_iter=_KMEANS_MAX_ITER,
+                                      verbose=False, tol=tol, n_threads=n_threads)
+        if best_inertia is None or (inertia < best_inertia and not same_clustering(labels, best_labels, k)):
+            best_labels, best_inertia = labels, inertia
+    distinct = int(np.count_nonzero(np.bincount(best_labels, minlength=k)))
+    if distinct < k:  # the estimator's warning, word for word
+        warnings.warn(
+            f"Number of distinct clusters ({distinct}) found smaller than n_clusters ({k}). "
+            "Possibly due to duplicate points in X.",
+            ConvergenceWarning,
+            stacklevel=2,
+        )
+    return best_labels
+
+
 def split_rows(
     features: np.ndarray,
     method: str,
@@ -154,7 +287,7 @@ def split_rows(
         # returns empty clusters, which the relabelling below drops.
         warnings.simplefilter("ignore", ConvergenceWarning)
         if method == "kmeans":
-            labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(features)
+            labels = kmeans_labels(features, k, n_init, seed)
         else:
             gmm = GaussianMixture(n_components=k, covariance_type="diag", n_init=n_init,
                                   random_state=seed, reg_covar=1e-6)

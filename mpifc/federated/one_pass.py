@@ -202,11 +202,13 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     k = min(k, n)
     if k <= 1:
         return np.zeros(n, dtype=np.int64)
-    from sklearn.cluster import KMeans
+    # KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z), same labels, without the
+    # estimator's per-call overheads (imported here: scikit-learn is only loaded when clustering).
+    from mpifc.circuit.splitting import kmeans_labels
 
     scale = x.std(axis=0)
     z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
-    labels = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z)
+    labels = kmeans_labels(z, k, 3, seed)
     # Relabel by first appearance so ids are compact and independent of sklearn's numbering.
     _, first = np.unique(labels, return_index=True)
     order = np.argsort(first)

@@ -110,7 +110,7 @@ def warm_up(learners: set[str], cluster: bool = True, fit: bool = False) -> None
 
     import mpifc.federated.factorized  # noqa: F401
 
-    mods = ["sklearn.cluster"] if cluster else []
+    mods = ["sklearn.cluster", "mpifc.circuit.splitting"] if cluster else []
     for name in sorted(learners):
         # An unknown (e.g. third-party registered) learner: import everything, as before.
         mods += _LEARNER_MODULES.get(name, ("sklearn.cluster", "torch"))

@@ -1,0 +1,134 @@
+"""Per-split fixed costs of :mod:`mpifc.circuit.splitting`, trimmed without changing a bit.
+
+* ``kmeans_labels`` runs scikit-learn's own k-means routines without the estimator's per-call
+  overheads; its labels must be exactly ``KMeans(...).fit_predict``'s. This guards a scikit-learn
+  upgrade: the direct path calls private routines in the order ``KMeans.fit`` does, so a change of
+  that order, of a default, or of a routine's signature shows up here as a label mismatch (or as
+  the fallback to the estimator, which a test pins).
+* ``dependency_components`` (transitive closure for small ``d``) must give the breadth-first
+  search's groups, members and order.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+from sklearn.exceptions import ConvergenceWarning
+from threadpoolctl import threadpool_limits
+
+from mpifc.circuit import splitting
+from mpifc.circuit.splitting import kmeans_labels, single_native_thread
+
+
+def _problem(rng: np.random.Generator, t: int) -> tuple[np.ndarray, int]:
+    """A random clustering problem: mixtures, rounded/duplicated rows, constant and rescaled
+    columns, one-hot blocks; n from 5 to 3000, k 2 or 3."""
+    sizes = [5, 6, 9, 17, 40, 100, 255, 256, 257, 513, 1000, 3000]  # 256: Lloyd's chunk
+    n = int(rng.choice(sizes)) if t % 4 else int(rng.integers(5, 3000))
+    d = int(rng.integers(1, 16))
+    k = int(rng.choice([2, 3]))
+    centres = rng.normal(size=(k, d)) * rng.choice([0.5, 2.0, 10.0])
+    x = centres[rng.integers(0, k, n)] + rng.normal(size=(n, d))
+    for j in range(d):
+        r = rng.random()
+        if r < 0.15:
+            x[:, j] = np.round(x[:, j])  # ties
+        elif r < 0.25:
+            x[:, j] = 3.0  # constant column
+        elif r < 0.35:
+            x[:, j] *= rng.choice([1e-4, 1e4])  # scaled column
+        elif r < 0.45:
+            x[:, j] = rng.integers(0, 2, n)  # binary / one-hot-like
+    if t % 5 == 0:  # many duplicated rows (binary data, tiny slices)
+        x = x[rng.integers(0, max(2, n // 8), n)]
+    if t % 7 == 0:
+        x = np.asfortranarray(x)  # the estimator copies to C order; so must the direct path
+    if t % 11 == 0:
+        x = x[:, ::-1]  # non-contiguous view
+    return x, k
+
+
+def _estimator(x: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
+    return KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(x)
+
+
+def test_direct_kmeans_labels_equal_the_estimators_on_random_problems() -> None:
+    assert splitting._kmeans_routines() is not None, "scikit-learn's private k-means routines moved"
+    rng = np.random.default_rng(11)
+    for t in range(120):
+        x, k = _problem(rng, t)
+        seed, n_init = int(rng.integers(0, 2**31 - 1)), int(rng.choice([1, 3, 4]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            if t % 2:  # as LearnSPN calls it (native pools already at one thread) ...
+                with single_native_thread():
+                    want = _estimator(x, k, n_init, seed)
+                    got = kmeans_labels(x, k, n_init, seed)
+            else:  # ... and as a bare call (one_pass.cluster_rows); OpenMP at one thread on
+                # both sides, whatever OMP_NUM_THREADS says (Lloyd's per-thread partial sums
+                # make its bits depend on the thread count)
+                with threadpool_limits(limits=1, user_api="openmp"):
+                    want = _estimator(x, k, n_init, seed)
+                    got = kmeans_labels(x, k, n_init, seed)
+        assert got.dtype == want.dtype and got.shape == want.shape, t
+        assert np.array_equal(got, want), (t, x.shape, k, n_init, seed)
+
+
+def test_direct_kmeans_warns_like_the_estimator_on_duplicates() -> None:
+    x = np.repeat(np.array([[0.0, 1.0], [2.0, 3.0]]), 5, axis=0)  # two distinct rows, k = 3
+    message = r"Number of distinct clusters \(2\) found smaller than n_clusters \(3\)"
+    with pytest.warns(ConvergenceWarning, match=message):
+        got = kmeans_labels(x, 3, 3, 0)
+    with pytest.warns(ConvergenceWarning):
+        want = _estimator(x, 3, 3, 0)
+    assert np.array_equal(got, want)
+
+
+def test_direct_kmeans_falls_back_to_the_estimator(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(60, 3))
+    # Input the direct path does not take goes to the estimator: same labels, same errors.
+    for arg in (x.astype(np.float32), np.round(x * 3).astype(np.int64)):
+        assert np.array_equal(kmeans_labels(arg, 2, 3, 5), _estimator(arg, 2, 3, 5))
+    bad = x.copy()
+    bad[4, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        kmeans_labels(bad, 2, 3, 0)
+    with pytest.raises(ValueError, match="n_samples=2 should be >= n_clusters=3"):
+        kmeans_labels(x[:2], 3, 3, 0)
+    # Another scikit-learn layout (private routines missing): the estimator, same labels.
+    monkeypatch.setattr(splitting, "_KMEANS_ROUTINES", [None])
+    assert np.array_equal(kmeans_labels(x, 3, 3, 7), _estimator(x, 3, 3, 7))
+    monkeypatch.setattr(splitting, "_KMEANS_ROUTINES", [])
+
+    def missing(name: str, *args: object, **kwargs: object) -> object:
+        if name == "sklearn.cluster._kmeans":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    import builtins
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", missing)
+    assert splitting._kmeans_routines() is None
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert np.array_equal(kmeans_labels(x, 2, 3, 1), _estimator(x, 2, 3, 1))
+
+
+def test_dependency_components_closure_equals_breadth_first_search() -> None:
+    """The closure path (d <= 64) gives exactly the search's groups: same members, same order."""
+    rng = np.random.default_rng(6)
+    for t in range(300):
+        d = int(rng.integers(1, 70))
+        dep = rng.random((d, d)) < rng.choice([0.0, 0.01, 0.05, 0.2, 0.6])
+        if t % 3 == 0:  # chains: long paths need several squarings
+            perm = rng.permutation(d)
+            dep[perm[:-1], perm[1:]] = True
+        got = splitting.dependency_components(dep)
+        want = splitting._components_bfs(dep)
+        assert len(got) == len(want), t
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and np.array_equal(g, w), t
+    assert splitting.dependency_components(np.zeros((0, 0), dtype=bool)) == []
