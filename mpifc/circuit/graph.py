@@ -38,6 +38,7 @@ class Node:
     kind: str = "node"
 
     def __init__(self, children: Iterable["Node"] = (), scope: Iterable[int] | None = None) -> None:
+        # LeafNode.__init__ sets these three attributes itself (a fast path): keep the two in step.
         self.id: int = next(_ids)
         self.children: list[Node] = list(children)
         for c in self.children:
