@@ -173,7 +173,7 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     t.send_obj({"index": d.index, "features": list(d.features), "meta_types": list(d.meta_types),
                 "n_categories": list(d.n_categories), "n_rows": d.n_rows, "ids_digest": d.ids_digest},
                0, P.DECLARE)
-    plan: FederationPlan = _patient_recv(t, 0, P.PLAN)
+    plan: FederationPlan = t.recv_obj(0, P.PLAN)
     # After the plan: bad input is caught before anyone pays for the heavy imports.
     warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks),
             fit=True)
@@ -200,18 +200,7 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
                 pooled_client_em(ctx, cfg, index, data)
     t.send(np.array([times.get(p, 0.0) for p in CLIENT_PHASES] + [walls.get(p, 0.0) for p in CLIENT_PHASES]),
            0, P.TIMING)
-    _patient_recv(t, 0, P.DONE)
-
-
-def _patient_recv(t: Any, source: int, kind: Any) -> Any:
-    """The next ``kind`` message from ``source``, waited for the patient way: the transport polls
-    from Python, spinning ~20 ms and then sleeping with back-off (:meth:`Transport.recv_any_kind`),
-    instead of MPI's busy wait (which runs until the watchdog's soft limit, 0.25-0.5 s). For the
-    waits that last while other ranks learn (a client's turn, the end of the job, a client's
-    counts): on an oversubscribed node a rank spinning there takes CPU and cache from the ranks
-    whose CPU seconds are being timed (measured: 5 spinning processes on 2 cores inflate a
-    LearnSPN fit's CPU seconds by ~25-30%)."""
-    return t.recv_any_kind([kind], [source])[2]
+    t.recv_obj(0, P.DONE)
 
 
 @contextmanager
@@ -368,7 +357,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
 
 def _recv_report(t: Any, plan: FederationPlan, c: int, rank: int) -> ClientReport:
     """Client ``c``'s counts (and, with the cooccurrence glue, cluster ids) as a report."""
-    report = ClientReport.from_counts(c, np.asarray(_patient_recv(t, rank, P.COUNTS)), plan)
+    report = ClientReport.from_counts(c, t.recv(rank, P.COUNTS), plan)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks_for(c)):
         # exactly the dtype of the plan's K, the declared row count, ids below the PCs it reported
         report.cluster_ids = unpack_cluster_ids(plan, report, t.recv(rank, P.CLUSTER_IDS),
