@@ -192,22 +192,19 @@ def train_fc_cached(launcher: Launcher, shards: Path, runs: Path, *, em_initial:
 
 def train_fc_uncached(launcher: Launcher, shards: Path, runs: Path, *, timeout: float | None = None,
                       **kw: Any) -> dict[str, Any]:
-    """:func:`train_fc` once more, outside the cache (a timing round): its model and ledger go to
-    a temporary folder under ``runs`` that is removed afterwards.
+    """:func:`train_fc_cached` once more, outside the cache (a timing round): the job runs in a
+    throw-away cache under ``runs`` (its model and ledger are removed afterwards).
 
     Returns:
         The training summary plus ``ranks`` and ``job_seconds``.
     """
     import tempfile
 
-    args, ranks = fc_train_args(shards, **kw)
     runs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=runs, prefix="timing-") as tmp:
-        job = launcher.run(ranks, ["-m", FC_JOB, *args, "--model", str(Path(tmp) / "model.h5"),
-                                   "--ledger", str(Path(tmp) / "ledger.csv")], timeout)
-        res = job.last_json()
-    res.pop("ledger", None)
-    return {**res, "ranks": ranks, "job_seconds": job.seconds}
+        res = train_fc_cached(launcher, shards, Path(tmp), timeout=timeout, **kw)
+    # the model and ledger are gone with the folder: no paths to them
+    return {k: v for k, v in res.items() if k not in ("model_path", "ledger_path", "run_dir", "cached")}
 
 
 def evaluate_fc(shards: Path, model: Path, npz: Path | None = None) -> dict[str, Any]:
