@@ -204,11 +204,15 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
         return np.zeros(n, dtype=np.int64)
     # KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z), same labels, without the
     # estimator's per-call overheads (imported here: scikit-learn is only loaded when clustering).
-    from mpifc.circuit.splitting import kmeans_labels
+    # With native pools at one thread, as LearnSPN's own k-means: Lloyd's partial sums depend on
+    # the OpenMP thread count, so the labels (and the model) would otherwise depend on the
+    # machine's cores in near-ties; the same seed gives the same clusters everywhere.
+    from mpifc.circuit.splitting import kmeans_labels, single_native_thread
 
     scale = x.std(axis=0)
     z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
-    labels = kmeans_labels(z, k, 3, seed)
+    with single_native_thread():
+        labels = kmeans_labels(z, k, 3, seed)
     # Relabel by first appearance so ids are compact and independent of sklearn's numbering.
     _, first = np.unique(labels, return_index=True)
     order = np.argsort(first)
