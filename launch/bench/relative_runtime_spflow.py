@@ -53,8 +53,9 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# First, even when PYTHONPATH already holds it: run as a script, this folder comes first on
+# sys.path, and its data_prep.py would shadow the data_prep package.
+sys.path.insert(0, str(REPO))
 
 SETTINGS = ("horizontal", "vertical", "hybrid")
 

@@ -63,3 +63,21 @@ def test_spflow_worker_runs_when_spflow_is_installed(bench, cache, tmp_path) -> 
     assert len(s["client_seconds"]) == 2 and s["central_seconds"] > 0
     assert all(c >= k for c, k in zip(s["client_seconds"], s["kmeans_seconds"]))
     assert json.loads((tmp_path / "work" / "spec.json").read_text())["threshold"] == inp["hp"]["threshold"]
+
+
+def test_script_runs_end_to_end_with_the_repo_on_pythonpath(tmp_path) -> None:
+    """As a script (its folder first on sys.path, where a data_prep.py sits), with PYTHONPATH
+    naming the repository: one cell, SPFlow cut off by its timeout, results written."""
+    import os
+    import subprocess
+    import sys
+
+    repo = _PATH.parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(_PATH), "--settings", "horizontal", "--seeds", "0", "--max-rows", "200",
+                          "--repeat", "1", "--spflow-timeout", "0.01", "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert len(res) == 1 and res[0]["spflow"] == {"timeout": 0.01} and res[0]["ratio_spflow"] is None
+    assert res[0]["ratio_ours"] > 0 and (tmp_path / "results.csv").read_text().count("\n") == 2
