@@ -105,6 +105,27 @@ def run_ours(case: str, debd: Path, repeat: int, **override: Any) -> dict[str, A
                 nodes=count_nodes(model.root))
 
 
+def patch_spflow_rdc(spl: Any) -> None:
+    """Make ``spflow.learn.learn_spn``'s RDC (module ``spl``) score a pair with a constant
+    column, and any pair where it raises, as independent (0), in this process only (see the
+    module doc)."""
+    import torch
+
+    original_rdc = spl.rdc
+
+    def rdc_constant_safe(x: torch.Tensor, y: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        if bool((x == x[0]).all()) or bool((y == y[0]).all()):
+            return torch.tensor(0.0, dtype=torch.float64)
+        try:
+            return original_rdc(x, y, *a, **k)
+        except RuntimeError:
+            # The same empty-eigenvalue crash also hits some non-constant pairs (plants, after
+            # ~4 min): score them independent, as for a constant column.
+            return torch.tensor(0.0, dtype=torch.float64)
+
+    spl.rdc = rdc_constant_safe
+
+
 def spflow_worker(case: str, debd: Path) -> dict[str, Any]:
     """One SPFlow learn_spn run (in its own process), patched as described in the module doc."""
     import importlib
@@ -119,19 +140,7 @@ def spflow_worker(case: str, debd: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     spec = CASES[case]
     tr, te, meta = load_case(spec["data"], debd)
-    original_rdc = spl.rdc
-
-    def rdc_constant_safe(x: torch.Tensor, y: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
-        if bool((x == x[0]).all()) or bool((y == y[0]).all()):
-            return torch.tensor(0.0, dtype=torch.float64)
-        try:
-            return original_rdc(x, y, *a, **k)
-        except RuntimeError:
-            # The same empty-eigenvalue crash also hits some non-constant pairs (plants, after
-            # ~4 min): score them independent, as for a constant column.
-            return torch.tensor(0.0, dtype=torch.float64)
-
-    spl.rdc = rdc_constant_safe
+    patch_spflow_rdc(spl)
     d = tr.shape[1]
     leaf_cls = Normal if meta[0] == "real" else Bernoulli
     leaf = leaf_cls(scope=Scope(list(range(d))), out_channels=1)

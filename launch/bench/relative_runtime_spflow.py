@@ -149,6 +149,7 @@ def spflow_jobs(inp: dict[str, Any]) -> tuple[list[dict[str, Any]], list[float],
 def spflow_worker(spec_path: str) -> dict[str, Any]:
     """Run every learner call of one cell with SPFlow (in its own process); CPU seconds per call."""
     import importlib
+    import importlib.util
 
     import torch
 
@@ -159,17 +160,12 @@ def spflow_worker(spec_path: str) -> dict[str, Any]:
     from spflow.meta.data.scope import Scope
     from spflow.modules.leaves import Bernoulli, Normal
 
-    original_rdc = spl.rdc
-
-    def rdc_constant_safe(x: torch.Tensor, y: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
-        if bool((x == x[0]).all()) or bool((y == y[0]).all()):
-            return torch.tensor(0.0, dtype=torch.float64)
-        try:
-            return original_rdc(x, y, *a, **k)
-        except RuntimeError:
-            return torch.tensor(0.0, dtype=torch.float64)
-
-    spl.rdc = rdc_constant_safe
+    # SPFlow's RDC crashes on a constant column: circuit_learnspn.py's patch (scored 0)
+    path = Path(__file__).with_name("circuit_learnspn.py")
+    sibling = importlib.util.spec_from_file_location("circuit_learnspn", path)
+    circuit_learnspn = importlib.util.module_from_spec(sibling)
+    sibling.loader.exec_module(circuit_learnspn)
+    circuit_learnspn.patch_spflow_rdc(spl)
 
     def fit(x: np.ndarray, meta: list[str]) -> float:
         two = [j for j in range(x.shape[1]) if meta[j] != "real" and set(np.unique(x[:, j])) <= {0.0, 1.0}]
