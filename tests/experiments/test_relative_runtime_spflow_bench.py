@@ -1,22 +1,20 @@
 """launch/bench/relative_runtime_spflow.py: SPFlow's side makes the learner calls our clients make."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.script_util import load_script
+
 _PATH = Path(__file__).resolve().parents[2] / "launch" / "bench" / "relative_runtime_spflow.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("rr_spflow_bench", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("launch/bench/relative_runtime_spflow.py", "rr_spflow_bench")
 
 
 @pytest.fixture(scope="module")

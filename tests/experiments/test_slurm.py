@@ -1,21 +1,19 @@
 """The Slurm template and the sweep driver's generated scripts (not run: no Slurm here)."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.script_util import load_script
 
 SLURM = Path(__file__).resolve().parents[2] / "launch" / "slurm"
 
 
 @pytest.fixture(scope="module")
 def submit():
-    spec = importlib.util.spec_from_file_location("submit_sweep", SLURM / "submit_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("launch/slurm/submit_sweep.py", "submit_sweep")
 
 
 def bash_n(path: Path) -> None:

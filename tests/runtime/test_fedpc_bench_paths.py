@@ -1,20 +1,14 @@
 """launch/bench/fedpc.py: the critical-path figures it derives from the training jobs' timings."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "launch" / "bench" / "fedpc.py"
+from tests.script_util import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("fedpc_bench", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("launch/bench/fedpc.py", "fedpc_bench")
 
 
 def _job(clients: dict[str, tuple[float, float]], server: tuple[float, ...]) -> dict:
