@@ -5,10 +5,16 @@ Leaves always stay on their client's rank. Two strategies for the inner nodes:
 * ``flat``: every inner node on the server rank (0). Simplest; the root's fan-in is every rank.
 * ``tree``: the root's children are split into S contiguous blocks; each block gets a sum (or
   product, if the root is a product) node on its own intermediate server rank, and the root on
-  rank 0 combines S vectors. Sum weights are re-associated exactly (``w_g = Σ_{i∈g} w_i`` above,
+  rank 0 combines S vectors (one, with S = 1: the intermediate server then reduces every client
+  and rank 0 receives a single vector). Sum weights are re-associated exactly (``w_g = Σ_{i∈g} w_i`` above,
   ``w_i / w_g`` below), so the distribution is unchanged. Every other inner node goes to the lowest
   server among its parents' ranks, so server→server messages only go from lower to higher server
   index and the rank graph stays acyclic (no deadlock in the upward pass).
+
+Either way the root ends on rank 0, the querier that answers queries: where the circuit's root
+would sit elsewhere (a one-client federation whose only PC is the root, or a tree with one
+block), a pass-through root on rank 0 takes it as its single child (a sum with weight 1, or an
+average for FC[DT]), so the distribution is unchanged.
 """
 from __future__ import annotations
 
@@ -66,25 +72,18 @@ def assign_tree(fc: FederatedCircuit, servers: Sequence[int], root_rank: int = 0
         block_of[nid] = g
         new_children.append(nid)
         new_w.append(tot)
-    if len(new_children) == 1:
-        fc.root = new_children[0]
-    else:
-        fc.root = fc.add_inner(root.op, new_children, new_w if root.op == SUM else None)
+    # Also with one block: the root stays on root_rank and combines that block's single vector.
+    fc.root = fc.add_inner(root.op, new_children, new_w if root.op == SUM else None)
     fc.compact()
     # compact() renumbers; map block membership through the surviving nodes' identity.
     root = fc.nodes[fc.root]
-    block_of_new = {}
-    if len(new_children) == 1:
-        block_of_new[fc.root] = 0
-    else:
-        for g, c in enumerate(root.children):
-            block_of_new[c] = g
+    block_of_new = {c: g for g, c in enumerate(root.children)}
     parents = fc.parents()
     for nid in reversed(fc.reachable()):
         n = fc.nodes[nid]
         if n.op == LEAF:
             continue
-        if nid == fc.root and nid not in block_of_new:
+        if nid == fc.root:
             n.rank = root_rank
         elif nid in block_of_new:
             n.rank = servers[block_of_new[nid]]
@@ -95,8 +94,22 @@ def assign_tree(fc: FederatedCircuit, servers: Sequence[int], root_rank: int = 0
     return fc
 
 
+def root_on_rank(fc: FederatedCircuit, rank: int = 0) -> FederatedCircuit:
+    """Put the root on ``rank``: if it sits elsewhere (a leaf on its client's rank, say), a
+    pass-through root on ``rank`` takes it as its only child: a sum with weight 1, or an average
+    for FC[DT] (the mean of one classifier). The distribution is unchanged."""
+    root = fc.nodes[fc.root]
+    if root.rank != rank:
+        if fc.meta.get("kind") == "fcdt":
+            fc.root = fc.add_inner(AVERAGE, [fc.root], rank=rank)
+        else:
+            fc.root = fc.add_inner(SUM, [fc.root], [1.0], rank=rank)
+    return fc
+
+
 def assign(fc: FederatedCircuit, strategy: str = "flat", n_servers: int = 0) -> FederatedCircuit:
-    """Apply ψ strategy ``strategy`` (servers are ranks ``1..n_servers``) and validate."""
+    """Apply ψ strategy ``strategy`` (servers are ranks ``1..n_servers``), put the root on rank 0
+    (:func:`root_on_rank`) and validate."""
     if strategy == "flat":
         assign_flat(fc)
         fc.meta["assign"] = "flat"
@@ -104,5 +117,6 @@ def assign(fc: FederatedCircuit, strategy: str = "flat", n_servers: int = 0) -> 
         assign_tree(fc, list(range(1, n_servers + 1)))
     else:
         raise UserError(f"unknown --assign {strategy!r}; expected one of {', '.join(ASSIGN_STRATEGIES)}")
+    root_on_rank(fc, 0)
     fc.validate()
     return fc

@@ -66,6 +66,7 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     fc = load_fc(cfg["model"], load_models={ctx.rank})
     check_model_matches(fc, manifest, cfg["model"])
     fc.validate()  # ψ read from a file may have been edited: a leaf away from its data fails here
+    check_root_on_querier(fc, cfg["model"])
     query = make_query(fc)
     n = int(cfg.get("query_rows") or manifest.test["n"])
     # Vertical clients hold every test row (their features); horizontal and data_prep's hybrid
@@ -137,8 +138,6 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     await_sends(t, sends)
     if ctx.rank != 0:
         return None
-    if fc.nodes[fc.root].rank != 0:
-        raise UserError(f"{cfg['model']}: the root is on rank {fc.nodes[fc.root].rank}, expected rank 0")
     seconds = time.perf_counter() - t_start  # the queries only, as in evaluate_gathered
     out = _metrics(fc, np.concatenate(roots), test, query, cfg, "distributed")
     out["query_seconds"] = seconds
@@ -149,6 +148,17 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
 def _tile(a: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` rows of ``a`` repeated (``n`` may exceed ``len(a)``)."""
     return np.resize(a, (n,) + a.shape[1:]) if len(a) else a
+
+
+def check_root_on_querier(fc: Any, model: str) -> None:
+    """Every rank, before any message: the root must be on rank 0, the querier that receives the
+    answers (training puts it there, :func:`mpifc.federated.assign.root_on_rank`). A root elsewhere
+    (an edited file, or one written before that rule) would leave rank 0 out of the pass while the
+    clients wait for its evidence; every rank raises the same UserError instead."""
+    rank = fc.nodes[fc.root].rank
+    if rank != 0:
+        raise UserError(f"{model}: the root (node {fc.root}) is on rank {rank}; the distributed passes need it "
+                        f"on rank 0, the querier (retrain, or evaluate without --distributed)")
 
 
 def tiled_test(test: Any, cfg: dict[str, Any]) -> Any:

@@ -126,14 +126,13 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
         raise UserError(f"unknown --query {cfg['query']!r}")
     if not cfg["distributed"]:
         return _gathered(cfg) if ctx.rank == 0 else None
-    from mpifc.runtime.fc_eval import batches, check_model_matches
+    from mpifc.runtime.fc_eval import batches, check_model_matches, check_root_on_querier
 
     manifest = load_manifest(cfg["dir"])
     fc = load_fc(cfg["model"], load_models={ctx.rank})
     check_model_matches(fc, manifest, cfg["model"])
     fc.validate()
-    if fc.nodes[fc.root].rank != 0:
-        raise UserError(f"{cfg['model']}: the root is on rank {fc.nodes[fc.root].rank}, expected rank 0")
+    check_root_on_querier(fc, cfg["model"])
     t = ctx.transport
     client_at = {c.rank: c for c in fc.clients.values()}
     clients = sorted(fc.clients.values(), key=lambda c: c.index)

@@ -191,6 +191,37 @@ def test_horizontal_tree_end_to_end(data, tmp_path):
     assert not [x for x in recs if x["src"] != 0 and x["payload"] == "evidence"]
 
 
+def test_tree_with_one_server_end_to_end_and_root_away_from_rank_0(data, tmp_path):
+    # One intermediate server (rank 1) over hybrid clients (ranks 2, 3): the root stays on rank 0
+    # above the server's sum. Before, that sum became the root on rank 1, and the distributed
+    # queries left rank 0 out while the clients waited for its evidence until the deadline.
+    shards = data["hybrid"]
+    r, model, _, _ = train(4, shards, tmp_path, "--glue", "combinatorial", "--clusters", "2",
+                           "--assign", "tree", "--servers", "1")
+    assert r.returncode == 0, r.stderr
+    fc = load_fc(model)
+    root = fc.nodes[fc.root]
+    assert root.rank == 0 and len(root.children) == 1 and fc.nodes[root.children[0]].rank == 1
+    assert abs(np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum() - 1) < 1e-9
+    r, qledger, npz, _ = evaluate(4, shards, model, tmp_path, batch=50, extra=("--deadline", "60"))
+    assert r.returncode == 0, r.stderr
+    check_equal_and_bytes(shards, model, qledger, npz, 50, 50)
+    r = run_mpi(4, JOB + ["evaluate", str(shards), "--model", str(model), "--distributed", "--query", "sample",
+                          "--n-samples", "7", "--out", str(tmp_path / "s.h5"), "--json"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    # A root edited onto rank 1 (or a model written before the rule): every rank stops at once
+    # with exit 2, long before the 60 s deadline.
+    bad = tmp_path / "root-away.h5"
+    shutil.copy(model, bad)
+    with h5py.File(bad, "a") as f:
+        f["fc/nodes/rank"][fc.root] = 1
+    for query in ([], ["--query", "mpe", "--out", str(tmp_path / "m.h5")]):
+        r = run_mpi(4, JOB + ["evaluate", str(shards), "--model", str(bad), "--distributed", "--deadline", "60",
+                              *query], timeout=50)
+        assert r.returncode == 2, r.stderr
+        assert f"the root (node {fc.root}) is on rank 1" in r.stderr and "root-away.h5" in r.stderr
+
+
 def test_hybrid_end_to_end_and_bad_psi(data, tmp_path):
     shards = data["hybrid"]
     r, model, _, _ = train(3, shards, tmp_path, "--glue", "combinatorial", "--clusters", "2")

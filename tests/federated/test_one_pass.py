@@ -276,3 +276,45 @@ def test_fedpc_with_ratspn_leaves_sums_to_one():
     assert {n.leaf.learner for n in fc.leaves} == {"ratspn"}
     total = np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum()
     assert abs(total - 1.0) < 1e-9
+
+
+def test_tree_assignment_with_one_server_keeps_the_root_on_rank_0():
+    # One intermediate server: one block. The root must stay on rank 0 (the querier) with the
+    # server's sum as its only child; before, the block's sum became the root on rank 1 and the
+    # distributed passes left rank 0 out.
+    x = binary_table(300, seed=4)
+    shards = [(ClientDeclaration(i, FEATURES, ("discrete",) * 5, (2,) * 5, len(x[i::3])), x[i::3])
+              for i in range(3)]
+    b = OnePassBuilder(learner="factorized")
+    flat = assign(build_single_process(b, shards, FEATURES), "flat")
+    tree = assign(build_single_process(b, shards, FEATURES, client_ranks=client_rank_map(range(3), 1)),
+                  "tree", n_servers=1)
+    root = tree.nodes[tree.root]
+    assert root.rank == 0 and root.op == SUM and len(root.children) == 1
+    np.testing.assert_allclose(root.weights, [1.0])
+    group = tree.nodes[root.children[0]]
+    assert group.rank == 1 and group.op == SUM and len(group.children) == 3
+    assert {r for (r, d) in tree.rank_edges() if d == 0} == {1}
+    np.testing.assert_allclose(log_likelihood(tree, x), log_likelihood(flat, x), atol=1e-12)
+    assert abs(np.exp(log_likelihood(tree, all_binary(5))).sum() - 1) < 1e-9
+
+
+@pytest.mark.parametrize("learner", ["factorized", "dt"])
+def test_a_root_on_a_client_gets_a_pass_through_root_on_rank_0(learner):
+    # One client with one PC (no clustering): Algorithm 1's collapsed circuit is that client's
+    # leaf, on the client's rank. assign() puts a one-child sum (an average for FC[DT]) on rank 0.
+    x = binary_table(200, seed=8)
+    shards = [(ClientDeclaration(0, FEATURES, ("discrete",) * 5, (2,) * 5, len(x)), x)]
+    b = OnePassBuilder(n_clusters=1, learner=learner, **({"hyperparameters": {"max_depth": 3}} if learner == "dt" else {}))
+    fc = build_single_process(b, shards, FEATURES, "y" if learner == "dt" else None,
+                              client_ranks=client_rank_map([0], 0))
+    leaf = fc.root
+    assert fc.nodes[leaf].op == LEAF and fc.nodes[leaf].rank == 1
+    before = log_likelihood(fc, x)
+    for strategy, servers in (("flat", 0), ("tree", 2)):
+        fc.root = leaf
+        assign(fc, strategy, n_servers=servers)
+        root = fc.nodes[fc.root]
+        assert root.rank == 0 and root.children == [leaf]
+        assert root.op == ("average" if learner == "dt" else SUM)
+        np.testing.assert_allclose(log_likelihood(fc, x), before, atol=1e-12)
