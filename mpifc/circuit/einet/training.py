@@ -153,7 +153,12 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
     xt = np.asarray(x, dtype=np.float64)
     d = xt.shape[1]
     if leaf is None:
-        if all(m == "real" for m in meta_types):
+        real = [m == "real" for m in meta_types]
+        if any(real) and not all(real):
+            raise UserError("an EiNet has one leaf family for all its variables: the features must be all "
+                            f"real or all discrete, got meta-types {sorted(set(meta_types))} (in a federation, "
+                            "give such a client another learner with --client-learner, e.g. learnspn)")
+        if all(real):
             leaf = "gaussian"
         else:
             levels = int(np.nanmax(xt)) + 1 if xt.size else 2
