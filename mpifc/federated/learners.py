@@ -73,8 +73,9 @@ def _fit_learnspn(x: np.ndarray, meta_types: list[str], seed: int,
 
 def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int, n_categories: Sequence[int] | None = None,
                 depth: int = 2, repetitions: int = 2, num_sums: int = 4, num_leaves: int = 4,
-                em_iters: int = 30, **_: Any) -> Any:
-    """A RAT-SPN fitted by batch EM (``em_iters`` full-batch steps from its seeded init)."""
+                em_iters: int = 30, min_var: float | None = None, **_: Any) -> Any:
+    """A RAT-SPN fitted by batch EM (``em_iters`` full-batch steps from its seeded init);
+    ``min_var``: the Gaussian leaves' variance floor (RatSPN's default when None)."""
     mod = _import("mpifc.circuit.ratspn", "ratspn")
     d = x.shape[1]
     if d < 2:
@@ -91,8 +92,9 @@ def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int, n_categories: S
     else:
         raise UserError("learner 'ratspn' supports real or binary features here, not categorical ones")
     depth = max(1, min(int(depth), int(np.log2(d))))
+    kw = {"min_var": float(min_var)} if min_var is not None and leaf == "gaussian" else None
     model = mod.RatSPN(d, depth=depth, repetitions=repetitions, num_sums=num_sums, num_leaves=num_leaves,
-                       leaf=leaf, seed=seed)
+                       leaf=leaf, leaf_kwargs=kw, seed=seed)
     for _ in range(int(em_iters)):
         model.apply_em(model.em_statistics(x))
     return model

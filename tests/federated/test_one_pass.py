@@ -278,6 +278,22 @@ def test_fedpc_with_ratspn_leaves_sums_to_one():
     assert abs(total - 1.0) < 1e-9
 
 
+def test_ratspn_learner_variance_floor():
+    # --hp min_var=V reaches the RAT-SPN's Gaussian leaves: no fitted variance below V, and a
+    # column that is one value in training gets exactly V (the floor binds).
+    pytest.importorskip("mpifc.circuit.ratspn")
+    from mpifc.federated.learners import fit_leaf
+
+    rng = np.random.default_rng(3)
+    x = np.column_stack([rng.normal(size=200), rng.normal(size=200), np.zeros(200), rng.normal(size=200)])
+    for floor in (1e-6, 1e-2):
+        m = fit_leaf("ratspn", x, ["real"] * 4, 0, em_iters=5, min_var=floor)
+        var = m.P["var"].numpy()
+        assert var.min() >= floor * (1 - 1e-12) and np.isclose(var.min(), floor)
+    default = fit_leaf("ratspn", x, ["real"] * 4, 0, em_iters=5)
+    assert np.isclose(default.P["min_var"].numpy().min(), 1e-6)
+
+
 def test_tree_assignment_with_one_server_keeps_the_root_on_rank_0():
     # One intermediate server: one block. The root must stay on rank 0 (the querier) with the
     # server's sum as its only child; before, the block's sum became the root on rank 1 and the
