@@ -52,7 +52,9 @@ def assign_tree(fc: FederatedCircuit, servers: Sequence[int], root_rank: int = 0
     if not servers:
         raise UserError("--assign tree needs --servers >= 1")
     root = fc.nodes[fc.root]
-    if root.op == LEAF:
+    if root.op == LEAF:  # nothing to reduce: assign() puts a pass-through root on rank 0
+        fc.meta["assign"] = "tree"
+        fc.meta["servers"] = servers
         return fc
     if root.op == AVERAGE:
         raise UserError("--assign tree is not supported for FC[DT] (an average of averages over "
