@@ -299,8 +299,7 @@ def test_tree_assignment_with_one_server_keeps_the_root_on_rank_0():
     # server's sum as its only child; before, the block's sum became the root on rank 1 and the
     # distributed passes left rank 0 out.
     x = binary_table(300, seed=4)
-    shards = [(ClientDeclaration(i, FEATURES, ("discrete",) * 5, (2,) * 5, len(x[i::3])), x[i::3])
-              for i in range(3)]
+    shards = [(decl(i, FEATURES, len(x[i::3])), x[i::3]) for i in range(3)]
     b = OnePassBuilder(learner="factorized")
     flat = assign(build_single_process(b, shards, FEATURES), "flat")
     tree = assign(build_single_process(b, shards, FEATURES, client_ranks=client_rank_map(range(3), 1)),
@@ -320,7 +319,7 @@ def test_a_root_on_a_client_gets_a_pass_through_root_on_rank_0(learner):
     # One client with one PC (no clustering): Algorithm 1's collapsed circuit is that client's
     # leaf, on the client's rank. assign() puts a one-child sum (an average for FC[DT]) on rank 0.
     x = binary_table(200, seed=8)
-    shards = [(ClientDeclaration(0, FEATURES, ("discrete",) * 5, (2,) * 5, len(x)), x)]
+    shards = [(decl(0, FEATURES, len(x)), x)]
     b = OnePassBuilder(n_clusters=1, learner=learner, **({"hyperparameters": {"max_depth": 3}} if learner == "dt" else {}))
     fc = build_single_process(b, shards, FEATURES, "y" if learner == "dt" else None,
                               client_ranks=client_rank_map([0], 0))
