@@ -61,9 +61,8 @@ def assign_tree(fc: FederatedCircuit, servers: Sequence[int], root_rank: int = 0
                         "unequal groups is not the average); use --assign flat")
     children = list(root.children)
     blocks = np.array_split(np.arange(len(children)), min(len(servers), len(children)))
-    block_of: dict[int, int] = {}
     new_children, new_w = [], []
-    for g, b in enumerate(blocks):
+    for b in blocks:
         ch = [children[i] for i in b]
         tot = float(root.weights[b].sum()) if root.op == SUM else 0.0
         if len(ch) == 1:
@@ -71,7 +70,6 @@ def assign_tree(fc: FederatedCircuit, servers: Sequence[int], root_rank: int = 0
         else:
             w = root.weights[b] / tot if root.op == SUM else None
             nid = fc.add_inner(root.op, ch, w)
-        block_of[nid] = g
         new_children.append(nid)
         new_w.append(tot)
     # Also with one block: the root stays on root_rank and combines that block's single vector.
