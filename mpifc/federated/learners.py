@@ -107,7 +107,7 @@ def _fit_einet(x: np.ndarray, meta_types: list[str], seed: int,
     if x.shape[1] < 2:
         return _fit_factorized(x, meta_types, seed, n_categories)
     mod = _import("mpifc.circuit.einet", "einet")
-    return mod.fit_einet(x, meta_types, seed=seed, **_accepted(mod.fit_einet, hp))
+    return mod.fit_einet(x, meta_types, seed=seed, n_categories=n_categories, **_accepted(mod.fit_einet, hp))
 
 
 def _fit_dt(x: np.ndarray, meta_types: list[str], seed: int,

@@ -49,12 +49,12 @@ def test_leaf_region_vars_sizes_the_trees_by_scope():
         fit_einet(rng.normal(size=(10, 4)), ["real"] * 4, leaf_region_vars=0, epochs=0)
 
 
-def test_mixed_meta_types_need_an_explicit_leaf_or_another_learner():
-    # One leaf family per EiNet: real columns beside a binary target used to be read as
-    # categorical levels (from the largest value) and fail with an opaque "integer values" error.
+def test_an_explicit_leaf_overrides_the_mixed_default():
+    # Real columns beside a binary target get mixed leaves by default (tests/einet/test_mixed_leaf.py);
+    # an explicit leaf still fits one family to every column.
     rng = np.random.default_rng(0)
     x = np.column_stack([rng.normal(size=50), rng.normal(size=50), rng.integers(0, 2, 50)])
-    with pytest.raises(UserError, match=r"one leaf family.*\['discrete', 'real'\].*--client-learner"):
-        fit_einet(x, ["real", "real", "discrete"], epochs=0)
+    assert fit_einet(x, ["real", "real", "discrete"], epochs=0).config.leaf == "mixed"
     model = fit_einet(x, ["real", "real", "discrete"], leaf="gaussian", epochs=1, num_sums=2, repetitions=1)
+    assert model.config.leaf == "gaussian"
     assert np.isfinite(np.asarray(model.log_likelihood(x))).all()

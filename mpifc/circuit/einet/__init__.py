@@ -1,7 +1,8 @@
 """EiNet client learner: Poon-Domingos / random-tree region graphs compiled to einsum layers.
 
 * :mod:`.region_graph` builds the structure (pure Python),
-* :mod:`.leaves` holds the leaf families (Gaussian, discretised Gaussian, categorical, Bernoulli),
+* :mod:`.leaves` holds the leaf families (Gaussian, discretised Gaussian, categorical, Bernoulli,
+  and mixed: per variable Gaussian or categorical, for tabular data),
 * :mod:`.layers` the einsum and mixing layers, :mod:`.model` the :class:`EiNet` itself,
 * :mod:`.training` batch / online EM, the Table 5 presets and the bits-per-dimension metric.
 """

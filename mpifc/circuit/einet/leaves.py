@@ -433,13 +433,25 @@ class CategoricalLeaf(LeafFamily):
     kind = "categorical"
 
     def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
-                 num_levels: int = 256, pseudocount: float = 0.01) -> None:
+                 num_levels: int = 256, pseudocount: float = 0.01,
+                 slot_levels: torch.Tensor | None = None) -> None:
+        """``slot_levels`` (optional, ``(L, m)`` ints in ``2..num_levels``): a slot's own number of
+        levels; the levels above it get probability 0 (initialisation and M-step alike), so a
+        binary variable beside a many-level one is a true two-level categorical."""
         super().__init__(slot_mask, num_components, dtype, device)
         if int(num_levels) < 2:
             raise UserError(f"num_levels: need >= 2 levels, got {num_levels}")
         if pseudocount < 0:
             raise UserError(f"pseudocount: must be >= 0, got {pseudocount}")
         self.num_levels, self.pseudocount = int(num_levels), float(pseudocount)
+        self.level_mask: torch.Tensor | None = None  # (S, 1, levels): which levels exist per slot
+        self.slot_levels: torch.Tensor | None = None  # (S,)
+        if slot_levels is not None:
+            lv = slot_levels.to(device=device, dtype=torch.long).reshape(-1)
+            if lv.numel() != self.num_slots or bool((lv < 2).any()) or bool((lv > self.num_levels).any()):
+                raise UserError(f"slot_levels: need {self.num_slots} values in 2..{self.num_levels}")
+            self.slot_levels = lv
+            self.level_mask = (torch.arange(self.num_levels, device=device) < lv[:, None]).unsqueeze(1)
 
     def hyper(self) -> dict[str, float | int]:
         return {"num_levels": self.num_levels, "pseudocount": self.pseudocount}
@@ -448,11 +460,15 @@ class CategoricalLeaf(LeafFamily):
         _check_levels(x, self.num_levels)
 
     def num_parameters(self) -> int:
-        return self.num_real_slots * self.num_components * self.num_levels
+        if self.slot_levels is None:
+            return self.num_real_slots * self.num_components * self.num_levels
+        return int(self.slot_levels[self.slot_mask.reshape(-1)].sum()) * self.num_components
 
     def initialize(self, gen: torch.Generator) -> None:
         shape = (self.num_slots, self.num_components, self.num_levels)
         raw = 1.0 + torch.rand(shape, generator=gen, dtype=torch.float64)
+        if self.level_mask is not None:
+            raw = raw * self.level_mask.cpu()
         self.params = {"probs": (raw / raw.sum(-1, keepdim=True)).to(self.dtype).to(self.device)}
 
     def _index(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -483,6 +499,8 @@ class CategoricalLeaf(LeafFamily):
 
     def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
         counts = stats["counts"] + self.pseudocount
+        if self.level_mask is not None:
+            counts = counts * self.level_mask
         total = counts.sum(-1, keepdim=True)
         old = self.params["probs"]
         new = torch.where(total > 0, counts / total.clamp_min(1e-300), old)
@@ -514,6 +532,137 @@ class BernoulliLeaf(CategoricalLeaf):
         return self.num_real_slots * self.num_components
 
 
+class MixedLeaf(LeafFamily):
+    """One leaf family per variable: Gaussian slots for real variables, categorical slots for
+    discrete ones (each with its own number of levels), for tabular data that mixes the two.
+
+    ``var_levels[v]`` is 0 for a real variable and its number of levels (>= 2) for a discrete
+    one. The family holds a :class:`GaussianLeaf` over the real slots and a
+    :class:`CategoricalLeaf` over the discrete slots; each sees NaN (marginalised, log 1 = 0) on
+    the other's slots, so a slot's log-density is exactly its own family's. Parameters are the
+    two families' under the prefixes ``g_`` and ``c_`` (``g_mean``, ``g_var``, ``c_probs``).
+    """
+
+    kind = "mixed"
+
+    def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
+                 slot_var: torch.Tensor, var_levels: "list[int] | tuple[int, ...]", min_var: float = 1e-3,
+                 max_var: float = 0.25, pseudocount: float = 0.01) -> None:
+        super().__init__(slot_mask, num_components, dtype, device)
+        levels = [int(v) for v in var_levels]
+        bad = [(j, v) for j, v in enumerate(levels) if v != 0 and v < 2]
+        if bad:
+            raise UserError(f"var_levels: variable {bad[0][0]} has {bad[0][1]} levels; use 0 for a real "
+                            f"variable and >= 2 for a discrete one")
+        self.var_levels = torch.tensor(levels, dtype=torch.long, device=device)
+        # Slot -> its variable's levels; padding slots read the extra variable (index num_vars).
+        ext = torch.cat([self.var_levels, torch.zeros(1, dtype=torch.long, device=device)])
+        slot_lv = ext[slot_var.to(device)]  # (L, m)
+        self.real_slot = self.slot_mask & (slot_lv == 0)
+        self.disc_slot = self.slot_mask & (slot_lv > 0)
+        self.min_var, self.max_var, self.pseudocount = float(min_var), float(max_var), float(pseudocount)
+        self.num_levels = max([2] + levels)
+        self.gauss = GaussianLeaf(self.real_slot, num_components, dtype, device, min_var=min_var, max_var=max_var)
+        # Non-discrete slots keep all levels (never observed there: the values are NaN).
+        self.cat = CategoricalLeaf(self.disc_slot, num_components, dtype, device, num_levels=self.num_levels,
+                                   pseudocount=pseudocount,
+                                   slot_levels=torch.where(self.disc_slot, slot_lv,
+                                                           torch.full_like(slot_lv, self.num_levels)))
+        self._real_flat = self.real_slot.reshape(-1)
+        self._n_gauss_inputs = 3  # GaussianLeaf.forward_for_em: the three natural parameters
+
+    # The two families' parameters under one flat dict (save/load and copies go through it).
+    @property  # type: ignore[override]
+    def params(self) -> dict[str, torch.Tensor]:
+        return {**{f"g_{k}": v for k, v in self.gauss.params.items()},
+                **{f"c_{k}": v for k, v in self.cat.params.items()}}
+
+    @params.setter
+    def params(self, value: dict[str, torch.Tensor]) -> None:
+        if not value:  # LeafFamily.__init__
+            return
+        missing = {"g_mean", "g_var", "c_probs"} - set(value)
+        if missing:
+            raise UserError(f"mixed leaf: parameters {sorted(missing)} missing")
+        self.gauss.params = {k[2:]: v for k, v in value.items() if k.startswith("g_")}
+        self.cat.params = {k[2:]: v for k, v in value.items() if k.startswith("c_")}
+
+    def hyper(self) -> dict[str, float | int]:
+        return {"min_var": self.min_var, "max_var": self.max_var, "pseudocount": self.pseudocount}
+
+    def num_parameters(self) -> int:
+        return self.gauss.num_parameters() + self.cat.num_parameters()
+
+    def validate(self, x: torch.Tensor) -> None:
+        disc = torch.nonzero(self.var_levels > 0).reshape(-1)
+        if not len(disc):
+            return
+        v = x[:, disc]
+        top = (self.var_levels[disc] - 1).to(v.dtype)
+        bad = ~torch.isnan(v) & ((v != torch.round(v)) | (v < 0) | (v > top))
+        if bool(bad.any()):
+            row, col = (int(i) for i in torch.nonzero(bad)[0])
+            j = int(disc[col])
+            raise UserError(f"x: column {j} is discrete with {int(self.var_levels[j])} levels and needs integer "
+                            f"values in 0..{int(self.var_levels[j]) - 1}, got {float(v[row, col])!r} (row {row})")
+
+    def initialize(self, gen: torch.Generator) -> None:
+        self.gauss.initialize(gen)
+        self.cat.initialize(gen)
+
+    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot values ``(L, m, batch)`` -> (real slots only, discrete slots only), NaN elsewhere."""
+        nan = torch.tensor(float("nan"), dtype=x.dtype, device=x.device)
+        return (torch.where(self.real_slot.unsqueeze(-1), x, nan),
+                torch.where(self.disc_slot.unsqueeze(-1), x, nan))
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        xr, xd = self._split(x)
+        return self.gauss.log_prob(xr) + self.cat.log_prob(xd)
+
+    def region_log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        xr, xd = self._split(x)
+        return self.gauss.region_log_prob(xr) + self.cat.region_log_prob(xd)
+
+    def forward_for_em(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        xr, xd = self._split(x)
+        vg, ig = self.gauss.forward_for_em(xr)
+        vc, ic = self.cat.forward_for_em(xd)
+        self._n_gauss_inputs = len(ig)
+        return vg + vc, [*ig, *ic]
+
+    def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
+                         grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        xr, xd = self._split(x)
+        n = self._n_gauss_inputs
+        sg = self.gauss.stats_from_grads(xr, inputs[:n], grads[:n])
+        sc = self.cat.stats_from_grads(xd, inputs[n:], grads[n:])
+        return {**{f"g_{k}": v for k, v in sg.items()}, **{f"c_{k}": v for k, v in sc.items()}}
+
+    def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
+        xr, xd = self._split(x)
+        sg, sc = self.gauss.expected_stats(xr, resp), self.cat.expected_stats(xd, resp)
+        return {**{f"g_{k}": v for k, v in sg.items()}, **{f"c_{k}": v for k, v in sc.items()}}
+
+    def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
+        self.gauss.m_step({k[2:]: v for k, v in stats.items() if k.startswith("g_")}, step_size)
+        self.cat.m_step({k[2:]: v for k, v in stats.items() if k.startswith("c_")}, step_size)
+
+    def _per_kind(self, slot: torch.Tensor, comp: torch.Tensor, real_fn, disc_fn) -> torch.Tensor:
+        real = self._real_flat[slot]
+        out = torch.empty(slot.shape, dtype=self.dtype, device=self.device)
+        out[real] = real_fn(slot[real], comp[real]).to(out)
+        out[~real] = disc_fn(slot[~real], comp[~real]).to(out)
+        return out
+
+    def sample(self, slot: torch.Tensor, comp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        return self._per_kind(slot, comp, lambda s, c: self.gauss.sample(s, c, gen),
+                              lambda s, c: self.cat.sample(s, c, gen))
+
+    def mode(self, slot: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+        return self._per_kind(slot, comp, self.gauss.mode, self.cat.mode)
+
+
 LEAF_FAMILIES: dict[str, type[LeafFamily]] = {
-    cls.kind: cls for cls in (GaussianLeaf, DiscretizedGaussianLeaf, CategoricalLeaf, BernoulliLeaf)
+    cls.kind: cls for cls in (GaussianLeaf, DiscretizedGaussianLeaf, CategoricalLeaf, BernoulliLeaf, MixedLeaf)
 }

@@ -34,8 +34,10 @@ class EiNetConfig:
 
     Attributes:
         num_sums: ``K``, densities per region (the root has 1).
-        leaf: ``gaussian | discretized_gaussian | categorical | bernoulli``.
+        leaf: ``gaussian | discretized_gaussian | categorical | bernoulli | mixed``.
         num_levels: levels of discrete leaves (256 for 8-bit pixels).
+        var_levels: ``mixed`` leaves only: per variable, 0 for a real (Gaussian) variable or its
+            number of levels (>= 2, categorical); one entry per variable of the region graph.
         min_var, max_var: Gaussian variance clamp (Table 5: 1e-3, 0.25).
         pseudocount: symmetric Dirichlet pseudo-count of categorical/Bernoulli M-steps.
         max_params: refuse to build a larger model (``None``: no limit).
@@ -56,6 +58,10 @@ class EiNetConfig:
     device: str = "cpu"
     seed: int = 0
     eval_batch_size: int = 1024
+    var_levels: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:  # JSON gives a list back: keep the config hashable
+        object.__setattr__(self, "var_levels", tuple(int(v) for v in self.var_levels))
 
     def validate(self) -> None:
         if self.num_sums < 1:
@@ -66,11 +72,18 @@ class EiNetConfig:
             raise UserError(f"dtype: must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.eval_batch_size < 1:
             raise UserError(f"eval_batch_size: must be >= 1, got {self.eval_batch_size}")
+        if (self.leaf == "mixed") != bool(self.var_levels):
+            raise UserError("var_levels: give one entry per variable exactly when leaf='mixed' "
+                            f"(leaf={self.leaf!r}, {len(self.var_levels)} entries)")
 
 
-def _make_leaf(config: EiNetConfig, slot_mask: torch.Tensor, dtype: torch.dtype, device: torch.device) -> LeafFamily:
+def _make_leaf(config: EiNetConfig, slot_mask: torch.Tensor, dtype: torch.dtype, device: torch.device,
+               slot_var: torch.Tensor) -> LeafFamily:
     cls = LEAF_FAMILIES[config.leaf]
     k = config.num_sums
+    if config.leaf == "mixed":
+        return cls(slot_mask, k, dtype, device, slot_var=slot_var, var_levels=config.var_levels,
+                   min_var=config.min_var, max_var=config.max_var, pseudocount=config.pseudocount)
     if config.leaf == "gaussian":
         return cls(slot_mask, k, dtype, device, min_var=config.min_var, max_var=config.max_var)
     if config.leaf == "discretized_gaussian":
@@ -127,6 +140,9 @@ class EiNet:
         self.scope = tuple(int(v) for v in scope) if scope is not None else tuple(range(graph.num_vars))
         if len(self.scope) != graph.num_vars:
             raise UserError(f"scope: has {len(self.scope)} variables, the region graph {graph.num_vars}")
+        if config.leaf == "mixed" and len(config.var_levels) != graph.num_vars:
+            raise UserError(f"var_levels: has {len(config.var_levels)} entries, the region graph "
+                            f"{graph.num_vars} variables")
         self.dtype = _DTYPES[config.dtype]
         self.device = torch.device(config.device)
         self._compile()
@@ -165,7 +181,7 @@ class EiNet:
         self.slot_var = torch.tensor(slot_var, dtype=torch.long, device=dev)  # (L, m)
         self.slot_mask = self.slot_var != pad
         self.num_slots = int(self.slot_mask.sum())
-        self.leaf = _make_leaf(self.config, self.slot_mask, self.dtype, dev)
+        self.leaf = _make_leaf(self.config, self.slot_mask, self.dtype, dev, self.slot_var)
 
         self.einsum_layers: list[EinsumLayer] = []
         self.mixing_layers: list[MixingLayer] = []
