@@ -154,3 +154,16 @@ def test_fit_einet_tabular_max_var_follows_the_data():
     assert fit_einet(x, ["real", "real"], epochs=0, max_var=0.5).config.max_var == 0.5
     img = rng.random((50, 4))
     assert fit_einet(img, ["real"] * 4, epochs=0, image_shape=(2, 2), pd_num_pieces=(2,)).config.max_var == 0.25
+
+
+def test_fit_einet_discrete_levels_honour_the_declared_categories():
+    # A client whose shard never shows the top level of a declared 4-level variable still scores
+    # it (a test row may hold it): levels come from the declaration, not only from the shard.
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 3, size=(60, 3)).astype(float)
+    model = fit_einet(x, ["categorical"] * 3, epochs=1, num_sums=2, repetitions=1, n_categories=[4, 4, 4])
+    assert (model.config.leaf, model.config.num_levels) == ("categorical", 4)
+    assert np.isfinite(model.log_likelihood(np.array([[3.0, 0.0, 1.0]])).numpy()).all()
+    assert fit_einet(x, ["categorical"] * 3, epochs=0).config.num_levels == 3
+    with pytest.raises(UserError, match="discrete column 2 needs non-negative integer"):
+        fit_einet(np.column_stack([x[:, :2], -x[:, 2]]) - np.array([0, 0, 1.0]), ["categorical"] * 3, epochs=0)

@@ -186,7 +186,8 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
         elif all(real):
             leaf = "gaussian"
         else:
-            levels = int(np.nanmax(xt)) + 1 if xt.size else 2
+            # One level count for every variable: the widest declared or seen.
+            levels = max([2] + [_levels(xt[:, j], j, (n_categories or [0] * d)[j]) for j in range(d)])
             leaf = "bernoulli" if levels <= 2 else "categorical"
             num_levels = max(levels, 2)
     if max_var is None:
