@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import warnings
 
 import h5py
 import numpy as np
@@ -152,6 +153,11 @@ def test_fit_einet_tabular_max_var_follows_the_data():
     assert model.config.max_var == pytest.approx(np.var(x[:, 1]))
     assert fit_einet(x / 10, ["real", "real"], epochs=0).config.max_var == 0.25
     assert fit_einet(x, ["real", "real"], epochs=0, max_var=0.5).config.max_var == 0.5
+    holes = x.copy()
+    holes[:, 0] = np.nan  # a column with no observed value has no variance: skipped, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fit_einet(holes, ["real", "real"], epochs=0).config.max_var == pytest.approx(np.var(x[:, 1]))
     img = rng.random((50, 4))
     assert fit_einet(img, ["real"] * 4, epochs=0, image_shape=(2, 2), pd_num_pieces=(2,)).config.max_var == 0.25
 

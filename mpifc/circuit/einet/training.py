@@ -193,12 +193,10 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
     if max_var is None:
         max_var = 0.25
         real_cols = [j for j, m in enumerate(meta_types) if m == "real"] if leaf in ("gaussian", "mixed") else []
-        if image_shape is None and real_cols and xt.shape[0] > 1:
-            with np.errstate(all="ignore"):
-                col_var = np.nanvar(xt[:, real_cols], axis=0)
-            col_var = col_var[np.isfinite(col_var)]
-            if col_var.size:
-                max_var = max(0.25, float(col_var.max()))
+        # Columns with at least two observed values (an all-NaN column has no variance).
+        real_cols = [j for j in real_cols if int(np.sum(~np.isnan(xt[:, j]))) > 1]
+        if image_shape is None and real_cols:
+            max_var = max(0.25, float(np.nanvar(xt[:, real_cols], axis=0).max()))
         max_var = max(max_var, float(min_var))
     config = EiNetConfig(num_sums=num_sums, leaf=leaf, num_levels=num_levels, seed=seed,
                          dtype=dtype, max_params=max_params, var_levels=var_levels,
