@@ -35,7 +35,7 @@ def total_mass(model: EiNet) -> float:
     """Integral over the two real variables (trapezoid on a grid) of the sum over the 2 x 3
     discrete values: 1 for a normalised model; mass on a binary variable's third level would be
     missing from it."""
-    grid = np.linspace(-7.0, 8.0, 451)
+    grid = np.linspace(-7.0, 8.0, 301)
     xx, yy = np.meshgrid(grid, grid, indexing="ij")
     total = 0.0
     for b, c in itertools.product(range(2), range(3)):
