@@ -532,6 +532,16 @@ class BernoulliLeaf(CategoricalLeaf):
         return self.num_real_slots * self.num_components
 
 
+def _joined(gauss: dict[str, torch.Tensor], cat: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A :class:`MixedLeaf`'s flat dict: the Gaussian family's entries as ``g_*``, the categorical's as ``c_*``."""
+    return {**{f"g_{k}": v for k, v in gauss.items()}, **{f"c_{k}": v for k, v in cat.items()}}
+
+
+def _part(flat: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of one family (``prefix`` ``g_`` or ``c_``) of a :func:`_joined` dict, unprefixed."""
+    return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+
+
 class MixedLeaf(LeafFamily):
     """One leaf family per variable: Gaussian slots for real variables, categorical slots for
     discrete ones (each with its own number of levels), for tabular data that mixes the two.
@@ -574,8 +584,7 @@ class MixedLeaf(LeafFamily):
     # The two families' parameters under one flat dict (save/load and copies go through it).
     @property  # type: ignore[override]
     def params(self) -> dict[str, torch.Tensor]:
-        return {**{f"g_{k}": v for k, v in self.gauss.params.items()},
-                **{f"c_{k}": v for k, v in self.cat.params.items()}}
+        return _joined(self.gauss.params, self.cat.params)
 
     @params.setter
     def params(self, value: dict[str, torch.Tensor]) -> None:
@@ -584,8 +593,7 @@ class MixedLeaf(LeafFamily):
         missing = {"g_mean", "g_var", "c_probs"} - set(value)
         if missing:
             raise UserError(f"mixed leaf: parameters {sorted(missing)} missing")
-        self.gauss.params = {k[2:]: v for k, v in value.items() if k.startswith("g_")}
-        self.cat.params = {k[2:]: v for k, v in value.items() if k.startswith("c_")}
+        self.gauss.params, self.cat.params = _part(value, "g_"), _part(value, "c_")
 
     def hyper(self) -> dict[str, float | int]:
         return {"min_var": self.min_var, "max_var": self.max_var, "pseudocount": self.pseudocount}
@@ -628,7 +636,6 @@ class MixedLeaf(LeafFamily):
         xr, xd = self._split(x)
         vg, ig = self.gauss.forward_for_em(xr)
         vc, ic = self.cat.forward_for_em(xd)
-        self._n_gauss_inputs = len(ig)
         return vg + vc, [*ig, *ic]
 
     def stats_from_grads(self, x: torch.Tensor, inputs: list[torch.Tensor],
@@ -637,16 +644,15 @@ class MixedLeaf(LeafFamily):
         n = self._n_gauss_inputs
         sg = self.gauss.stats_from_grads(xr, inputs[:n], grads[:n])
         sc = self.cat.stats_from_grads(xd, inputs[n:], grads[n:])
-        return {**{f"g_{k}": v for k, v in sg.items()}, **{f"c_{k}": v for k, v in sc.items()}}
+        return _joined(sg, sc)
 
     def expected_stats(self, x: torch.Tensor, resp: torch.Tensor) -> dict[str, torch.Tensor]:
         xr, xd = self._split(x)
-        sg, sc = self.gauss.expected_stats(xr, resp), self.cat.expected_stats(xd, resp)
-        return {**{f"g_{k}": v for k, v in sg.items()}, **{f"c_{k}": v for k, v in sc.items()}}
+        return _joined(self.gauss.expected_stats(xr, resp), self.cat.expected_stats(xd, resp))
 
     def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
-        self.gauss.m_step({k[2:]: v for k, v in stats.items() if k.startswith("g_")}, step_size)
-        self.cat.m_step({k[2:]: v for k, v in stats.items() if k.startswith("c_")}, step_size)
+        self.gauss.m_step(_part(stats, "g_"), step_size)
+        self.cat.m_step(_part(stats, "c_"), step_size)
 
     def _per_kind(self, slot: torch.Tensor, comp: torch.Tensor, real_fn, disc_fn) -> torch.Tensor:
         real = self._real_flat[slot]
