@@ -179,15 +179,15 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
         real = [m == "real" for m in meta_types]
         if len(real) != d:
             raise UserError(f"meta_types: has {len(real)} entries, x has {d} columns")
+        declared = list(n_categories) if n_categories is not None else [0] * d
         if any(real) and not all(real):
             leaf = "mixed"
-            var_levels = tuple(0 if r else _levels(xt[:, j], j, (n_categories or [0] * d)[j])
-                               for j, r in enumerate(real))
+            var_levels = tuple(0 if r else _levels(xt[:, j], j, declared[j]) for j, r in enumerate(real))
         elif all(real):
             leaf = "gaussian"
         else:
             # One level count for every variable: the widest declared or seen.
-            levels = max([2] + [_levels(xt[:, j], j, (n_categories or [0] * d)[j]) for j in range(d)])
+            levels = max([2] + [_levels(xt[:, j], j, declared[j]) for j in range(d)])
             leaf = "bernoulli" if levels <= 2 else "categorical"
             num_levels = max(levels, 2)
     if max_var is None:
