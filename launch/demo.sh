@@ -6,7 +6,7 @@
 # wall time). Outputs go to ${MPIFC_DEMO_OUT:-results/demo}.
 #   MPIFC_DEMO_SETTING=vertical|hybrid bash launch/demo.sh   # other FL settings
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" ""
 cd "$MPIFC_ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 out="${MPIFC_DEMO_OUT:-results/demo}"
