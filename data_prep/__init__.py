@@ -8,7 +8,7 @@ Modules, in the order data flows through them:
 * ``partition`` (+ ``segments``): pure functions giving each client its rows and features;
 * ``prepare``: the pipeline, ``prepare(...) -> PreparedData``;
 * ``shards``: the on-disk format ``mpifc-shards/1``, its writer and its reader;
-* ``cli``: the command line.
+* the command line (``python -m data_prep``) lives in :mod:`mpifc.cli.prep`.
 """
 from .prepare import PrepConfig, PreparedData, prepare, prepare_table
 from .shards import (ClientShard, Manifest, TestSet, load_manifest, read_client, read_test,

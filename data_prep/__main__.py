@@ -1,6 +1,6 @@
-"""``python -m data_prep``."""
+"""``python -m data_prep``: the command line lives in :mod:`mpifc.cli.prep`."""
 import sys
 
-from .cli import main
+from mpifc.cli.prep import main
 
 sys.exit(main())

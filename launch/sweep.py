@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mpifc.experiments.main import parse_int_list
+    from mpifc.experiments.options import parse_int_list
     from mpifc.experiments.scaling import run
 
     try:

@@ -8,7 +8,7 @@ Usage (from the repo root, venv python)::
 Per dataset (horizontal, ``--clients`` clients, ``--split`` iid (the paper's appendix E for the
 binary tasks) or label (each client holds one class, as Q1's text and ``mpifc.experiments.table1``)):
 
-* **Training time.** One ``mpiexec`` training job (``mpifc.runtime.fc_job train``) and LearnSPN on
+* **Training time.** One ``mpiexec`` training job (``mpifc.fedpc.job train``) and LearnSPN on
   the union of the same client rows in this process, with the SAME hyperparameters, passed
   unchanged to every client and to the centralized run (seeds differ only as Algorithm 1 derives
   them). The defaults replicate the paper's setup (section 4 and appendix E) as closely as this
@@ -35,7 +35,7 @@ binary tasks) or label (each client holds one class, as Q1's text and ``mpifc.ex
   - ``central_s``: CPU seconds (``time.process_time``) of ``learn_spn`` on the stacked rows:
     structure learning and parameters, nothing else (no data reading, no imports: the process
     has imported everything and fitted a tiny synthetic table first, exactly as a client does
-    in :func:`mpifc.runtime.fc_train.warm_up`).
+    in :func:`mpifc.fedpc.train.warm_up`).
   - ``fedpc_critical_path_s``: the slowest client's CPU seconds of ``learn`` (its PC fitting)
     plus ``serialize`` (its models to wire bytes), plus the server's CPU seconds of ``plan``,
     ``assemble`` and ``deserialize`` (blob decoding). Reading the shard is excluded (as the
@@ -48,7 +48,7 @@ binary tasks) or label (each client holds one class, as Q1's text and ``mpifc.ex
     the clients learning at the same time inflate each other's CPU seconds (shared cores, caches,
     memory bandwidth) while the centralized run is alone. ``contended`` times the ordinary job;
     ``exclusive`` runs the same job with the clients learning one after another
-    (``fc_job train --exclusive-timing``, :mod:`mpifc.runtime.fc_train`), so every client is
+    (``fc_job train --exclusive-timing``, :mod:`mpifc.fedpc.train`), so every client is
     timed as uncontended by its federation as the centralized run is (other jobs on the machine
     affect both alike); ``both`` runs the two (the model must come out identical) and reports
     ``relative_runtime_by_mode``. ``relative_runtime`` / ``timing_mode`` are the contended
@@ -104,7 +104,7 @@ PAPER_T7 = {"breast-cancer": (0.98, 0.98), "adult": (0.87, 0.80), "credit": (0.9
 def mpiexec(n: int, args: list[str], timeout: float) -> dict:
     exe = Path(sys.executable).parent / "mpiexec"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    r = subprocess.run([str(exe), "-n", str(n), sys.executable, "-m", "mpifc.runtime.fc_job", *args],
+    r = subprocess.run([str(exe), "-n", str(n), sys.executable, "-m", "mpifc", *args],
                        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if r.returncode != 0:
         raise SystemExit(f"job failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -133,7 +133,7 @@ def centralized(shards: Path, thr: float, mis: int, hp: dict, test_ll: bool = Tr
     """LearnSPN on the union of the client rows (horizontal: stacked), same hyperparameters
     (``test_ll``: also its mean test log-likelihood, else NaN)."""
     from mpifc.circuit.learnspn import learn_spn
-    from mpifc.runtime.fc_train import warm_up
+    from mpifc.fedpc.train import warm_up
 
     warm_up({"learnspn"}, cluster=False, fit=True)  # as every client rank does before its clock
     m = load_manifest(shards)
@@ -172,7 +172,7 @@ def macro_f1(shards: Path, npz: Path) -> float | None:
 
 
 def bench_dataset(a: argparse.Namespace, out: Path, ds: str) -> dict:
-    from mpifc.runtime.fc_eval import evaluate_gathered
+    from mpifc.fedpc.evaluate import evaluate_gathered
 
     thr, mis = HP[ds]
     rows = None if ds == "breast-cancer" or a.max_rows == 0 else a.max_rows
@@ -187,7 +187,7 @@ def bench_dataset(a: argparse.Namespace, out: Path, ds: str) -> dict:
         if a.timing in ("contended", "both"):
             runs["contended"].append(mpiexec(a.clients + 1, ["train", *train_args, "--model", str(model)], a.timeout))
         if a.timing in ("exclusive", "both"):
-            # Clients learn one after another (mpifc.runtime.fc_train, exclusive timing); the model
+            # Clients learn one after another (mpifc.fedpc.train, exclusive timing); the model
             # is the same (checked below); evaluations use the contended job's model when there is one.
             xmodel = out / f"{ds}-h-{a.split}-exclusive.h5" if a.timing == "both" else model
             runs["exclusive"].append(mpiexec(a.clients + 1, ["train", *train_args, "--model", str(xmodel),

@@ -67,7 +67,7 @@ def cell_inputs(cache: Any, dataset: str, setting: str, seed: int, rows: int | N
     from mpifc.experiments.jobs import ShardSpec
     from mpifc.experiments.table1 import horizontal_split, hyperparameters, paper_hp
     from mpifc.federated.one_pass import OnePassBuilder
-    from mpifc.runtime.fc_data import read_client_data
+    from mpifc.fedpc.data import read_client_data
 
     hp, glue, _ = hyperparameters(dataset, setting)
     split = horizontal_split(dataset) if setting == "horizontal" else "iid"
@@ -92,7 +92,7 @@ def ours(inp: dict[str, Any], seed: int, repeat: int) -> dict[str, Any]:
     """Our clients (run_client_tasks, as the job) and our centralized LearnSPN: min CPU s of ``repeat``."""
     from mpifc.circuit.learnspn import learn_spn
     from mpifc.federated.one_pass import run_client_tasks
-    from mpifc.runtime.fc_train import warm_up
+    from mpifc.fedpc.train import warm_up
 
     warm_up({"learnspn"}, cluster=True, fit=True)
     plan, hp = inp["plan"], inp["hp"]

@@ -60,7 +60,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpifc.runtime.atomic import atomic_write_text
+from mpifc.atomic import atomic_write_text
 from mpifc.runtime.kinds import register_kind
 from mpifc.runtime.ledger import CommLedger
 from mpifc.runtime.transport import Transport

@@ -36,7 +36,7 @@ FedPC is a plain product of the clients' PCs, ``y`` only sees ``x_0``, CL/CI equ
 CL/DI and every other agent's CL/DI is the label prior (tested).
 
 The reported results do not come from this module's single-process run: the experiment runs the
-four settings as real MPI jobs (``mpifc.runtime.fc_job train/evaluate`` for CL on label-owner-0
+four settings as real MPI jobs (``mpifc train/evaluate`` for CL on label-owner-0
 shards, which is exactly ``label_from="owner"``; :mod:`mpifc.analysis.decentralization_job` for the
 CL/DI pack and for DL) and reads every byte from their ledgers. :func:`four_settings` is the
 in-process reference their predictions are tested against (equal to 1e-9), and gives the
@@ -53,7 +53,7 @@ the messages are arrays of float64):
   measured as the ``nbytes`` of the vectors handed to the combiner.
 * Inference, CL/DI and DL/DI: 0 (no messages at test time).
 * Training, CL: what one-pass training sends (counts, cluster ids, every leaf PC as HDF5 bytes in
-  the gather, as :mod:`mpifc.runtime.fc_train` does). CL/DI adds, per agent, what it needs to
+  the gather, as :mod:`mpifc.fedpc.train` does). CL/DI adds, per agent, what it needs to
   evaluate the FedPC alone with the others marginalised (:func:`di_pack_bytes`): the structure
   (children ids), the sum weights, and for every other client's leaf that holds ``y`` its label
   marginal (``n_classes`` values); the others' other leaves marginalise to 1 and need nothing.

@@ -1,4 +1,4 @@
-"""MPI jobs for the decentralised settings of issue 8 (part 2), on mpifc's byte-counted runtime.
+"""MPI jobs for the decentralised settings of the vertical-FL cost study, on mpifc's byte-counted runtime.
 
 Two jobs, each a real ``mpiexec`` job whose every message goes through the runtime's
 :class:`~mpifc.runtime.transport.Transport`, so the ledger CSV is the byte count:
@@ -10,7 +10,7 @@ Two jobs, each a real ``mpiexec`` job whose every message goes through the runti
     sends the combiner its class counts (``8 · C`` bytes, kind ``dz.dl.prior_counts``), the
     only training message: the combiner's ``p(y)`` for the product of experts.
   - phase ``query-setup``: each agent sends its test-row count and ids digest (alignment check,
-    as :mod:`mpifc.runtime.fc_eval` does); counted separately from the query.
+    as :mod:`mpifc.fedpc.evaluate` does); counted separately from the query.
   - phase ``query`` (DL/CI): each agent sends ``log p_k(y = c, x_k)`` ``(n_test, C)`` float64
     (kind ``dz.dl.class_loglik``, ``8 · n_test · C`` payload bytes); the combiner forms
     ``p(y | x) ∝ p(y)^(1-K) Π_k p_k(y | x_k)`` and writes ``dl_ci.npz``.
@@ -29,14 +29,12 @@ Two jobs, each a real ``mpiexec`` job whose every message goes through the runti
 Every ``.npz`` holds ``log_post`` ``(n_test, C)`` (log-posteriors, nats) and ``ids`` (test ids).
 Rank 0 prints one JSON line (``--json``) with the ledger's bytes per phase (payload and header).
 
-Run: ``mpiexec -n K+1 python -m mpifc.analysis.decentralization_job dl DIR --out D [--ledger L]``.
+Run: ``mpiexec -n K+1 mpifc baseline decentralized dl DIR --out D [--ledger L]``.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +111,7 @@ def class_log_joint(model: Any, x: np.ndarray, target_col: int, n_classes: int) 
 def _dl_job(ctx: Any) -> int:
     from data_prep.shards import load_manifest, read_test
     from mpifc.federated.one_pass import ids_digest
-    from mpifc.runtime.fc_data import read_client_data
+    from mpifc.fedpc.data import read_client_data
 
     cfg = ctx.config
     m = load_manifest(cfg["dir"])
@@ -199,7 +197,7 @@ def di_log_joint(fc: Any, agent: int, cols: dict[str, np.ndarray], n: int, targe
 def _di_job(ctx: Any) -> int:
     from data_prep.shards import load_manifest
     from mpifc.federated.serialize import fc_from_bytes, fc_to_bytes, load_fc
-    from mpifc.runtime.fc_data import read_client_data
+    from mpifc.fedpc.data import read_client_data
 
     cfg = ctx.config
     m = load_manifest(cfg["dir"])
@@ -257,50 +255,34 @@ def ledger_bytes(table: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    from mpifc.runtime.fc_job import _parse_kv
+def run_agents(mode: str, directory: str, out: str, *, model: str | None = None, seed: int = 0,
+               hyperparameters: dict[str, Any] | None = None, deadline: float = 600.0,
+               ledger: str | None = None, as_json: bool = False) -> int:
+    """Run the ``dl`` or ``di`` job on every rank of ``COMM_WORLD``; returns the exit code.
+
+    Args:
+        mode: ``"dl"`` (each agent learns its own PC; DL/CI and DL/DI) or ``"di"`` (CL/DI from
+            the CL FedPC in ``model``).
+        directory: the shard folder (dl: ``--label-owner all``; di: the CL model's shards).
+        out: folder for the per-setting ``.npz`` outputs.
+        hyperparameters: LearnSPN settings of the dl agents.
+        as_json: rank 0 prints the ledger's bytes per phase as one JSON line.
+    """
+    from data_prep.shards import load_manifest
     from mpifc.runtime.job import run_job
 
-    p = argparse.ArgumentParser(prog="python -m mpifc.analysis.decentralization_job")
-    p.add_argument("mode", choices=("dl", "di"))
-    p.add_argument("dir", help="shard directory (dl: --label-owner all; di: the CL model's shards)")
-    p.add_argument("--out", required=True, help="directory for the per-setting .npz outputs")
-    p.add_argument("--model", default=None, help="di: the CL FedPC model file (from mpifc train)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threshold", type=float, default=None, help="LearnSPN RDC threshold (dl)")
-    p.add_argument("--min-instances-slice", type=int, default=None, help="LearnSPN min rows per slice (dl)")
-    p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--ledger", default=None, help="per-message ledger CSV")
-    p.add_argument("--deadline", type=float, default=600.0)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    try:
-        from data_prep.shards import load_manifest
+    if mode not in ("dl", "di"):
+        raise UserError(f"mode must be dl or di, not {mode!r}")
+    if mode == "di" and not model:
+        raise UserError("di needs --model (the CL FedPC)")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    cfg = {"dir": directory, "out": out, "model": model, "seed": seed, "hyperparameters": dict(hyperparameters or {})}
+    k = load_manifest(directory).n_clients
 
-        hp = _parse_kv(args.hp, "--hp")
-        if args.threshold is not None:
-            hp["threshold"] = args.threshold
-        if args.min_instances_slice is not None:
-            hp["min_instances_slice"] = args.min_instances_slice
-        if args.mode == "di" and not args.model:
-            raise UserError("di needs --model (the CL FedPC)")
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        cfg = {"dir": args.dir, "out": args.out, "model": args.model, "seed": args.seed, "hyperparameters": hp}
-        k = load_manifest(args.dir).n_clients
+    def on_ledger(table: Any) -> None:
+        if as_json:
+            print(json.dumps({"mode": mode, "ranks": int(table.sent.shape[0]), "bytes": ledger_bytes(table)}),
+                  flush=True)
 
-        def on_ledger(table: Any) -> None:
-            if args.json:
-                print(json.dumps({"mode": args.mode, "ranks": int(table.sent.shape[0]),
-                                  "bytes": ledger_bytes(table)}), flush=True)
-
-        return run_job(_dl_job if args.mode == "dl" else _di_job, config=cfg, servers=1, min_clients=k,
-                       deadline=args.deadline, ledger_csv=args.ledger, on_ledger=on_ledger)
-    except UserError as e:
-        from mpifc.runtime.failure import abort_job
-
-        abort_job(e)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_job(_dl_job if mode == "dl" else _di_job, config=cfg, servers=1, min_clients=k,
+                   deadline=deadline, ledger_csv=ledger, on_ledger=on_ledger)

@@ -5,13 +5,10 @@ Both train on every client's training rows joined into one table
 trained exactly like a FedAvg client (:func:`mpifc.baselines.mlp.sgd_epochs`, shuffled by the
 generator of party 0), so with one client FedAvg and it must agree.
 
-Run: ``python -m mpifc.baselines.central DIR [--model hgb|mlp] --json``.
+Run: ``mpifc baseline central DIR [--model hgb|mlp] --json``.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from typing import Any, Sequence
 
@@ -77,35 +74,3 @@ def run_central(directory: str, model: str = "hgb", seed: int = 0, hidden: Seque
     return {"method": f"central-{model}", "dataset": m.dataset, "setting": m.setting, **scores(test.y, y_pred),
             "n_train": int(len(train.y)), "n_test": int(len(test.y)), "seed": seed,
             "wall_seconds": time.perf_counter() - t0, "bytes_train": 0}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from mpifc.baselines.mlp import parse_hidden
-
-    p = argparse.ArgumentParser(prog="python -m mpifc.baselines.central",
-                                description="Centralized reference on the joined shards (no MPI).")
-    p.add_argument("dir", help="shard directory written by data_prep")
-    p.add_argument("--model", default="hgb", choices=("hgb", "mlp"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", default="64,32")
-    p.add_argument("--epochs", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    try:
-        res = run_central(args.dir, args.model, args.seed, parse_hidden(args.hidden), args.epochs,
-                          args.batch_size, args.lr)
-    except UserError as e:
-        print(f"mpifc.baselines.central: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(res))
-    else:
-        for k, v in res.items():
-            print(f"{k:>14}: {v}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

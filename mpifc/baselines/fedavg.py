@@ -13,12 +13,10 @@ as named in the ledger:
 
 Model bytes on the wire are therefore exactly ``2 * K * |C_sampled| * M * itemsize``.
 
-Run: ``mpiexec -n R python -m mpifc.baselines.fedavg DIR --rounds K --local-epochs E --json``.
+Run: ``mpiexec -n R mpifc baseline fedavg DIR --rounds K --local-epochs E --json``.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -73,7 +71,7 @@ class FedAvgConfig:
 
 
     def to_argv(self) -> list[str]:
-        """Arguments of ``python -m mpifc.baselines.fedavg`` for these settings (for launchers)."""
+        """Arguments of ``mpifc baseline fedavg`` for these settings (for launchers)."""
         argv = [self.dir, "--rounds", str(self.rounds), "--local-epochs", str(self.local_epochs),
                 "--fraction", repr(self.fraction), "--batch-size", str(self.batch_size), "--lr", repr(self.lr),
                 "--hidden", ",".join(map(str, self.hidden)), "--seed", str(self.seed), "--dtype", self.dtype,
@@ -214,41 +212,3 @@ def run(cfg: FedAvgConfig, ledger_csv: str | None = None, as_json: bool = False,
 
     cfg.check()
     return run_baseline_job(fedavg_rank, cfg, load_manifest(cfg.dir).n_clients, ledger_csv, as_json, on_result)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from mpifc.baselines.report import add_common_arguments
-
-    p = argparse.ArgumentParser(prog="python -m mpifc.baselines.fedavg",
-                                description="FedAvg with an MLP over horizontally partitioned shards (MPI job).")
-    add_common_arguments(p)
-    p.add_argument("--rounds", type=int, default=20, help="K, communication rounds")
-    p.add_argument("--local-epochs", type=int, default=1, help="E, local epochs per round")
-    p.add_argument("--fraction", type=float, default=1.0, help="share of clients sampled per round")
-    p.add_argument("--hidden", default=",".join(map(str, DEFAULT_HIDDEN)), help="hidden widths, e.g. 64,32")
-    p.add_argument("--save-params", default=None, help="rank 0 writes the final global parameters here (.npy)")
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> FedAvgConfig:
-    """The :class:`FedAvgConfig` of parsed command-line arguments."""
-    from mpifc.baselines.mlp import parse_hidden
-
-    return FedAvgConfig(dir=args.dir, rounds=args.rounds, local_epochs=args.local_epochs, fraction=args.fraction,
-                        batch_size=args.batch_size, lr=args.lr, hidden=parse_hidden(args.hidden), seed=args.seed,
-                        dtype=args.dtype, deadline=args.deadline, save_params=args.save_params)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return run(config_from_args(args), args.ledger, args.json)
-    except UserError as e:
-        from mpifc.runtime.failure import abort_job
-
-        abort_job(e)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,6 @@
 payload class, plus the command-line options the baselines share."""
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from typing import Any, Callable
@@ -55,19 +54,6 @@ def ledger_totals(table: Any) -> dict[str, Any]:
             "payload_bytes_total": int(rows["payload_bytes"].sum()),
             "messages_total": int(len(rows)),
             "phases": by_phase, "payload_classes": by_class, "kinds": by_kind}
-
-
-def add_common_arguments(p: argparse.ArgumentParser) -> None:
-    """Options every baseline job takes."""
-    p.add_argument("dir", help="shard directory written by data_prep")
-    p.add_argument("--seed", type=int, default=0, help="model initialisation and shuffling seed")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD step size")
-    p.add_argument("--batch-size", type=int, default=32, help="rows per SGD step (0 = full batch)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
-                   help="parameter and activation dtype (sets the itemsize on the wire)")
-    p.add_argument("--ledger", default=None, help="per-message ledger CSV (written by rank 0)")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON line on rank 0")
 
 
 def print_result(result: dict[str, Any], as_json: bool) -> None:

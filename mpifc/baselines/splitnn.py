@@ -21,13 +21,11 @@ declared the same ids digest.
 Evaluation (phase ``evaluate``) is one forward pass over the test rows the same way; the label
 owner scores the logits and returns accuracy and F1.
 
-Run: ``mpiexec -n R python -m mpifc.baselines.splitnn DIR --epochs E --cut F --json``.
+Run: ``mpiexec -n R mpifc baseline splitnn DIR --epochs E --cut F --json``.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -81,7 +79,7 @@ class SplitNNConfig:
 
 
     def to_argv(self) -> list[str]:
-        """Arguments of ``python -m mpifc.baselines.splitnn`` for these settings (for launchers)."""
+        """Arguments of ``mpifc baseline splitnn`` for these settings (for launchers)."""
         argv = [self.dir, "--epochs", str(self.epochs), "--cut", str(self.cut), "--batch-size", str(self.batch_size),
                 "--lr", repr(self.lr), "--bottom-hidden", ",".join(map(str, self.bottom_hidden)),
                 "--top-hidden", ",".join(map(str, self.top_hidden)), "--seed", str(self.seed),
@@ -303,41 +301,3 @@ def run(cfg: SplitNNConfig, ledger_csv: str | None = None, as_json: bool = False
 
     cfg.check()
     return run_baseline_job(splitnn_rank, cfg, load_manifest(cfg.dir).n_clients, ledger_csv, as_json, on_result)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from mpifc.baselines.report import add_common_arguments
-
-    p = argparse.ArgumentParser(prog="python -m mpifc.baselines.splitnn",
-                                description="SplitNN with MLPs over vertically partitioned shards (MPI job).")
-    add_common_arguments(p)
-    p.add_argument("--epochs", type=int, default=10, help="E, training epochs")
-    p.add_argument("--cut", type=int, default=8, help="F, cut-layer width per client")
-    p.add_argument("--bottom-hidden", default=",".join(map(str, DEFAULT_BOTTOM)), help="bottom MLP hidden widths")
-    p.add_argument("--top-hidden", default=",".join(map(str, DEFAULT_TOP)), help="top MLP hidden widths")
-    p.add_argument("--save-params", default=None, help="directory for each rank's final parameters (.npy)")
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> SplitNNConfig:
-    """The :class:`SplitNNConfig` of parsed command-line arguments."""
-    from mpifc.baselines.mlp import parse_hidden
-
-    return SplitNNConfig(dir=args.dir, epochs=args.epochs, cut=args.cut, batch_size=args.batch_size, lr=args.lr,
-                         bottom_hidden=parse_hidden(args.bottom_hidden), top_hidden=parse_hidden(args.top_hidden),
-                         seed=args.seed, dtype=args.dtype, deadline=args.deadline, save_params=args.save_params)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return run(config_from_args(args), args.ledger, args.json)
-    except UserError as e:
-        from mpifc.runtime.failure import abort_job
-
-        abort_job(e)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,6 @@ Parts are registered in :data:`PARTS`; :func:`run` runs the requested ones into 
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -177,8 +176,7 @@ EMPIRICAL_MD = "empirical.md"
 EMPIRICAL_PNG = "empirical_settings.png"
 EMPIRICAL_CLUSTERS_CSV = "empirical_cl_clusters.csv"
 CELLS_DIR = "cells"
-DZ_JOB = "mpifc.analysis.decentralization_job"
-FC_JOB = "mpifc.runtime.fc_job"
+MPIFC = "mpifc"  # jobs run as ``python -m mpifc SUBCOMMAND ...``
 
 CREDIT_CAP = 30_000
 """Rows of credit used (of 150,000): see :func:`empirical_cases`."""
@@ -278,7 +276,7 @@ def cell_jobs(lo0: Path, lo_all: Path, run_dir: Path, cfg: dze.FedPCConfig, n_cl
               launcher: Any, timeout: float) -> dict[str, dict[str, dict[str, int]]]:
     """The four MPI jobs of one cell; returns each job's ledger by phase.
 
-    * ``cl_train``: ``mpifc.runtime.fc_job train`` on the label-owner-0 shards (the CL FedPC takes
+    * ``cl_train``: ``mpifc train`` on the label-owner-0 shards (the CL FedPC takes
       the label from client 0: see :mod:`mpifc.analysis.decentralization_empirical`).
     * ``cl_eval``: ``fc_job evaluate --distributed`` (CL/CI, one upward pass).
     * ``di``: the CL/DI pack and the agents' own posteriors (:mod:`mpifc.analysis.decentralization_job`).
@@ -289,16 +287,16 @@ def cell_jobs(lo0: Path, lo_all: Path, run_dir: Path, cfg: dze.FedPCConfig, n_cl
           f"--min-instances-slice={cfg.learnspn.get('min_instances_slice', 50)}"]
     model = run_dir / "cl.h5"
     r = n_clients + 1
-    launcher.run(r, ["-m", FC_JOB, "train", str(lo0), "--glue", cfg.glue, "--clusters", str(cfg.n_clusters),
+    launcher.run(r, ["-m", MPIFC, "train", str(lo0), "--glue", cfg.glue, "--clusters", str(cfg.n_clusters),
                      "--products", str(max(cfg.n_products, cfg.n_clusters)), "--seed", str(cfg.seed), *hp,
                      "--model", str(model), "--ledger", str(run_dir / "cl_train.csv"), "--deadline", str(timeout)],
                  timeout)
-    launcher.run(r, ["-m", FC_JOB, "evaluate", str(lo0), "--model", str(model), "--distributed",
+    launcher.run(r, ["-m", MPIFC, "evaluate", str(lo0), "--model", str(model), "--distributed",
                      "--ledger", str(run_dir / "cl_eval.csv"), "--output-npz", str(run_dir / "cl_ci.npz"),
                      "--deadline", str(timeout)], timeout)
-    launcher.run(r, ["-m", DZ_JOB, "di", str(lo0), "--model", str(model), "--out", str(run_dir),
+    launcher.run(r, ["-m", MPIFC, "baseline", "decentralized", "di", str(lo0), "--model", str(model), "--out", str(run_dir),
                      "--ledger", str(run_dir / "di.csv"), "--deadline", str(timeout)], timeout)
-    launcher.run(r, ["-m", DZ_JOB, "dl", str(lo_all), "--out", str(run_dir), "--seed", str(cfg.seed), *hp,
+    launcher.run(r, ["-m", MPIFC, "baseline", "decentralized", "dl", str(lo_all), "--out", str(run_dir), "--seed", str(cfg.seed), *hp,
                      "--ledger", str(run_dir / "dl.csv"), "--deadline", str(timeout)], timeout)
     return {name: read_ledger(run_dir / f"{name}.csv") for name in ("cl_train", "cl_eval", "di", "dl")}
 
@@ -324,7 +322,7 @@ def score_cell(run_dir: Path, lo0: Path, ledgers: dict[str, dict[str, dict[str, 
     from data_prep.shards import load_manifest, read_client, read_test
     from mpifc.federated.evaluate import Query
     from mpifc.federated.serialize import load_fc
-    from mpifc.runtime.fc_query import query_payload_bytes
+    from mpifc.fedpc.query import query_payload_bytes
 
     m = load_manifest(lo0)
     test = read_test(lo0)
@@ -440,9 +438,9 @@ def empirical_markdown(groups: dict[tuple[str, int], list[dict[str, Any]]], cfg:
              "(payload = what MPI moved for the data, header = the runtime's typed headers, setup = the "
              "test-alignment check before the query). Test cross-entropy in nats (DI settings: worst "
              "agent), mean ± sample std over seeds. "
-             f"CL = one-pass FedPC (`mpifc.runtime.fc_job train`, label from client 0, {cfg.glue} glue, "
+             f"CL = one-pass FedPC (`mpifc train`, label from client 0, {cfg.glue} glue, "
              f"{cfg.n_clusters} clusters per client, LearnSPN {cfg.learnspn}); DL = one LearnSPN per agent on "
-             "(X_k, Y) (`mpifc.analysis.decentralization_job dl`), combined under DL/CI by a product of "
+             "(X_k, Y) (`mpifc baseline decentralized dl`), combined under DL/CI by a product of "
              "experts whose likelihood vectors travel through the transport.", ""]
     for (ds, k), cells in groups.items():
         c0 = cells[0]
@@ -634,14 +632,3 @@ def run(out_dir: str | Path, quick: bool = False, parts: Sequence[str] = ("exact
         else:
             out[p] = PARTS[p](out_dir, quick=quick)
     return out
-
-
-def experiment_main(args: argparse.Namespace) -> int:
-    """CLI handler; reads ``args.out``, ``args.quick`` and ``args.parts``, all optional."""
-    out = getattr(args, "out", None) or "results/decentralization"
-    parts = getattr(args, "parts", None) or tuple(PARTS)
-    summaries = run(out, quick=bool(getattr(args, "quick", False)), parts=parts)
-    for name, summary in summaries.items():
-        for path in summary.get("files", []):
-            print(f"decentralization[{name}]: wrote {path}")
-    return 0

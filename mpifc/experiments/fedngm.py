@@ -91,7 +91,7 @@ def _accuracy(model: Any, x: np.ndarray, features: list[str]) -> float:
 
 def _score(model: Any, x: np.ndarray, features: list[str], base: dict[str, Any],
            infer_steps: int | None = None) -> list[dict[str, Any]]:
-    from mpifc.ngm.cli import evaluate_rows
+    from mpifc.ngm.shard_jobs import evaluate_rows
     from mpifc.ngm.inference import InferenceSettings
 
     settings = InferenceSettings(steps=infer_steps) if infer_steps is not None else None
@@ -109,7 +109,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, launcher
     from mpifc.experiments import jobs
     from mpifc.experiments.report import markdown_table, provenance
     from mpifc.experiments.store import write_csv
-    from mpifc.ngm.cli import fold_rows
+    from mpifc.ngm.shard_jobs import fold_rows
     from mpifc.ngm.store import load_ngm
     from mpifc.atomic import atomic_write_text
 

@@ -1,7 +1,7 @@
 """The steps experiments are made of: shards, FedPC/FC[DT] training, evaluation, baselines.
 
-MPI work goes through :class:`~mpifc.experiments.launcher.Launcher` (``mpifc.runtime.fc_job``,
-``mpifc.baselines.fedavg``, ``mpifc.baselines.splitnn``); single-process work (centralized
+MPI work goes through :class:`~mpifc.experiments.launcher.Launcher` (``mpifc train``,
+``mpifc baseline fedavg``, ``mpifc baseline splitnn``); single-process work (centralized
 LearnSPN, gathered evaluation, gradient boosting) runs in this process, so its timings are not
 inflated by launching ranks.
 """
@@ -19,7 +19,7 @@ import numpy as np
 
 from mpifc.experiments.launcher import Launcher
 
-FC_JOB = "mpifc.runtime.fc_job"
+MPIFC = "mpifc"  # jobs run as ``python -m mpifc SUBCOMMAND ...``
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def cached_job(launcher: Launcher, runs: Path, module: str, ranks: int, args: li
         The job's JSON result plus ``ranks``, ``job_seconds``, ``run_dir``, ``cached`` and, per
         output flag, ``<name>_path`` (e.g. ``model_path`` for ``--model``).
     """
-    from mpifc.runtime.atomic import atomic_write_text
+    from mpifc.atomic import atomic_write_text
 
     key = hashlib.sha256(json.dumps([module, ranks, args]).encode()).hexdigest()[:20]
     run_dir = runs / key
@@ -141,7 +141,7 @@ def cached_job(launcher: Launcher, runs: Path, module: str, ranks: int, args: li
 def fc_train_args(shards: Path, *, learner: str = "learnspn", glue: str = "random", clusters: int = 2,
                   products: int = 4, seed: int = 0, hp: dict[str, Any] | None = None, assign: str = "flat",
                   servers: int = 0, extra: Sequence[str] = ()) -> tuple[list[str], int]:
-    """``fc_job train`` arguments (output files left out) and the number of ranks they need.
+    """``mpifc train`` arguments (output files left out) and the number of ranks they need.
 
     ``hp`` holds LearnSPN's ``threshold`` / ``min_instances_slice`` and any other learner
     hyperparameter (passed as ``--hp KEY=VALUE``); keys ending in ``_paper`` are provenance only.
@@ -171,7 +171,7 @@ def train_fc(launcher: Launcher, shards: Path, model: Path, *, ledger: Path | No
     args, ranks = fc_train_args(shards, **kw)
     args += ["--model", str(model)] + (["--ledger", str(ledger)] if ledger is not None else [])
     Path(model).parent.mkdir(parents=True, exist_ok=True)
-    job = launcher.run(ranks, ["-m", FC_JOB, *args], timeout)
+    job = launcher.run(ranks, ["-m", MPIFC, *args], timeout)
     return {**job.last_json(), "ranks": ranks, "job_seconds": job.seconds}
 
 
@@ -187,7 +187,7 @@ def train_fc_cached(launcher: Launcher, shards: Path, runs: Path, *, em_initial:
     outputs = {"--model": "model.h5", "--ledger": "ledger.csv"}
     if em_initial:
         outputs["--em-initial-model"] = "one-pass.h5"
-    return cached_job(launcher, runs, FC_JOB, ranks, args, outputs, timeout)
+    return cached_job(launcher, runs, MPIFC, ranks, args, outputs, timeout)
 
 
 def train_fc_uncached(launcher: Launcher, shards: Path, runs: Path, *, timeout: float | None = None,
@@ -214,7 +214,7 @@ def evaluate_fc(shards: Path, model: Path, npz: Path | None = None) -> dict[str,
     macro F1, so it is recomputed here from the per-class log-joints (kept as ``f1_binary``).
     """
     from data_prep.shards import load_manifest, read_test
-    from mpifc.runtime.fc_eval import evaluate_gathered
+    from mpifc.fedpc.evaluate import evaluate_gathered
 
     tmp = npz or model.with_suffix(".eval.npz")
     out = evaluate_gathered({"dir": str(shards), "model": str(model), "batch": 10_000, "output_npz": str(tmp)})
@@ -236,7 +236,7 @@ def central_learnspn(central_shards: Path, threshold: float, min_instances_slice
                      **learner_hp: Any) -> dict[str, Any]:
     """Centralized LearnSPN on the one-client shards, timed in this process as FedPC's clients are.
 
-    Like a client rank, this process first warms up (:func:`mpifc.runtime.fc_train.warm_up`:
+    Like a client rank, this process first warms up (:func:`mpifc.fedpc.train.warm_up`:
     imports and one tiny fit, no data) and then counts CPU seconds (``time.process_time``), the
     unit of FedPC's ``train_seconds_critical_path``; wall seconds on a shared machine would
     count other processes' load on this side only. ``learner_hp``: further :func:`learn_spn`
@@ -249,7 +249,7 @@ def central_learnspn(central_shards: Path, threshold: float, min_instances_slice
     """
     from data_prep.shards import load_manifest, read_client, read_test
     from mpifc.circuit.learnspn import learn_spn
-    from mpifc.runtime.fc_train import warm_up
+    from mpifc.fedpc.train import warm_up
 
     m = load_manifest(central_shards)
     shard = read_client(central_shards, 0)
@@ -271,18 +271,18 @@ def run_fedavg(launcher: Launcher, shards: Path, runs: Path, seed: int, rounds: 
                hidden: str = "64,32", lr: float = 0.1, batch_size: int = 32, timeout: float | None = None
                ) -> dict[str, Any]:
     """FedAvg-MLP as an MPI job (1 + clients ranks), through :func:`cached_job`."""
-    args = [str(shards), "--seed", str(seed), "--rounds", str(rounds), "--local-epochs", str(local_epochs),
-            "--hidden", hidden, "--lr", str(lr), "--batch-size", str(batch_size), "--json"]
-    return cached_job(launcher, runs, "mpifc.baselines.fedavg", 1 + n_clients(shards), args,
+    args = ["baseline", "fedavg", str(shards), "--seed", str(seed), "--rounds", str(rounds), "--local-epochs",
+            str(local_epochs), "--hidden", hidden, "--lr", str(lr), "--batch-size", str(batch_size), "--json"]
+    return cached_job(launcher, runs, MPIFC, 1 + n_clients(shards), args,
                       {"--ledger": "ledger.csv"}, timeout)
 
 
 def run_splitnn(launcher: Launcher, shards: Path, runs: Path, seed: int, epochs: int, cut: int = 8,
                 lr: float = 0.1, batch_size: int = 32, timeout: float | None = None) -> dict[str, Any]:
     """SplitNN-MLP as an MPI job (1 + clients ranks), through :func:`cached_job`."""
-    args = [str(shards), "--seed", str(seed), "--epochs", str(epochs), "--cut", str(cut), "--lr", str(lr),
-            "--batch-size", str(batch_size), "--json"]
-    return cached_job(launcher, runs, "mpifc.baselines.splitnn", 1 + n_clients(shards), args,
+    args = ["baseline", "splitnn", str(shards), "--seed", str(seed), "--epochs", str(epochs), "--cut", str(cut),
+            "--lr", str(lr), "--batch-size", str(batch_size), "--json"]
+    return cached_job(launcher, runs, MPIFC, 1 + n_clients(shards), args,
                       {"--ledger": "ledger.csv"}, timeout)
 
 

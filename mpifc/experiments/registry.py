@@ -79,4 +79,4 @@ def _run_decentralization(out_dir: str | Path, seeds: Sequence[int], quick: bool
                                 seeds=list(seeds), **keep)
 
 
-register("decentralization", "cost of decentralisation in vertical FL (issue 8)", _run_decentralization)
+register("decentralization", "cost of decentralisation in vertical FL", _run_decentralization)

@@ -10,7 +10,7 @@ cent.) gets the horizontal cell's settings. The relative runtime of a FedPC cell
 critical-path training CPU seconds over the CPU seconds of a centralized LearnSPN with the
 cell's own settings (Table 4 differs per setting) on all training rows of the same seed, run in
 this process right after the job (:func:`central_reference`), both after the same warm-up
-(:func:`mpifc.runtime.fc_train.warm_up`). Both runs use the same seed, so the same train/test rows.
+(:func:`mpifc.fedpc.train.warm_up`). Both runs use the same seed, so the same train/test rows.
 Timing rounds (``timing_repeats``, default :data:`TIMING_REPEATS`): the job and the centralized fit
 run alternately that many times and each side's figure is its least CPU seconds (the model is
 the same every round; on a shared machine noise only ever adds time), as ``launch/bench/fedpc.py``
@@ -194,7 +194,7 @@ def central_timing(cache: ShardCache, dataset: str, seed: int, rows: int | None,
     """
     from data_prep.shards import load_manifest, read_client
     from mpifc.circuit.learnspn import learn_spn
-    from mpifc.runtime.fc_train import warm_up
+    from mpifc.fedpc.train import warm_up
 
     d = cache.get(ShardSpec(dataset, "central", 1, seed, max_rows=rows))
     m = load_manifest(d)

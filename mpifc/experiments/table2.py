@@ -3,7 +3,7 @@
 Cells per (clients, seed): the images are split horizontally at random (``--split iid``) over
 1, 2, 4, 8 and 16 clients; every client fits an EiNet (``--learner einet``, :func:`fit_einet`)
 on its shard, and the one-pass FedPC is the mixture of the client EiNets, weighted by their row
-counts (one MPI job per cell, ``mpifc.runtime.fc_job train``). One client is the centralized
+counts (one MPI job per cell, ``mpifc train``). One client is the centralized
 EiNet of the same size as each client's.
 
 The total data are fixed, so with more clients each EiNet sees fewer rows while the mixture

@@ -9,7 +9,7 @@ it where the data lives (leaves on their clients, sums where ψ puts them) is ex
 EM on the same structure. That needs every leaf to see the same rows: vertical data (aligned ids).
 
 Horizontal and hybrid data (clients hold different rows) use pooled statistics instead
-(:func:`local_statistics`, :func:`pooled_em_step`, the runtime's :mod:`mpifc.runtime.fc_em`):
+(:func:`local_statistics`, :func:`pooled_em_step`, the runtime's :mod:`mpifc.fedpc.em`):
 every client evaluates the whole model on its own rows and computes the addable E-step
 statistics of every node; their sum over clients is the statistics of the pooled rows.
 

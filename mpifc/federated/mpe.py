@@ -9,7 +9,7 @@ samples only. A node active through several parents takes the union of their mas
 
 Sampling uses one random stream per node and batch, ``default_rng([seed, batch_index, node_id])``,
 so the draws do not depend on which rank evaluates a node (ψ): the distributed sampler
-(:mod:`mpifc.runtime.fc_mpe`) equals :func:`sample_seeded` exactly. A sum draws one uniform per
+(:mod:`mpifc.fedpc.mpe`) equals :func:`sample_seeded` exactly. A sum draws one uniform per
 sample of the batch (used only where the sample is active); a leaf draws ``model.sample(k, rng)``
 for its ``k`` active samples in ascending sample order. Unconditional sampling needs no upward
 pass: with no evidence every node's value is ``log 1``, so a sum picks child ``i`` with

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 # derive_seed's SeedSequence: numpy imports numpy.random lazily, on first use, which would charge
-# ~10 ms of import time to the server's first plan (a timed phase of mpifc.runtime.fc_train).
+# ~10 ms of import time to the server's first plan (a timed phase of mpifc.fedpc.train).
 import numpy.random  # noqa: F401
 
 from mpifc.errors import UserError

@@ -1,4 +1,6 @@
-"""mpifc.runtime: MPI actors, byte-counted transport, communication ledger, fail-fast jobs.
+"""mpifc.runtime: the generic byte-counted actor runtime any protocol over MPI builds on.
+
+It knows nothing of circuits: FedPC (:mod:`mpifc.fedpc`), FedAvg, SplitNN and FedNGM all run on it.
 
 Modules (one reason to change each):
   kinds      registry of named message kinds and their payload classes (ids = MPI tags)
@@ -6,7 +8,6 @@ Modules (one reason to change each):
   transport  send/recv of arrays, tensors and small objects, with deadlines
   watchdog   the thread that enforces deadlines of waits done inside MPI
   bufpool    recycled buffers for large receives (2 MiB-aligned huge pages where the OS has them)
-  atomic     atomic file writes (temp file + rename)
   ledger     one row per message; gathered to rank 0; CSV and per-link/phase summaries
   job        run_job(main): communicator, ledger, transport, roles, device, fail-fast
   actor      dispatch loop: handlers per message kind, clean shutdown
@@ -14,8 +15,7 @@ Modules (one reason to change each):
   device     cuda:(local_rank % n_gpus) or cpu
   launcher   detects an mpiexec that does not match mpi4py's MPI
   failure    error reporting and MPI_Abort
-  info       the `mpifc info` job
-  ring_demo  a small demo job (ring of arrays + ledger table), run by launch/demo.sh
+  info       the `mpifc info` job (library, ranks, devices)
 
 Names below are imported lazily so ``import mpifc.runtime`` does not start MPI.
 """

@@ -1,7 +1,6 @@
 """The ``mpifc info`` job: MPI library, ranks, devices and package versions."""
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -58,9 +57,9 @@ def info_job(ctx: JobContext) -> int:
     return 0
 
 
-def info_main(args: argparse.Namespace) -> int:
-    """Entry of ``mpifc info``."""
-    return run_job(info_job, deadline=args.deadline, device=args.device)
+def run_info(deadline: float = 300.0, device: str | None = None) -> int:
+    """Run the ``mpifc info`` job on every rank of ``COMM_WORLD``; returns the exit code."""
+    return run_job(info_job, deadline=deadline, device=device)
 
 
-__all__ = ["info_main", "info_job", "package_versions"]
+__all__ = ["run_info", "info_job", "package_versions"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.runtime.atomic import atomic_write_text
+from mpifc.atomic import atomic_write_text
 from mpifc.runtime.kinds import kind_by_id
 
 ROW_DTYPE = np.dtype([

@@ -22,7 +22,7 @@ def within(measured: int, formula: int, tol: float = 0.05) -> bool:
 def test_fedavg_ledger_matches_closed_form(shards):
     """Half the clients per round: the formula follows client sampling too."""
     rounds = 6
-    r = run_mpi(3, ["-m", "mpifc.baselines.fedavg", str(shards["h2"]), "--rounds", str(rounds), "--fraction", "0.5",
+    r = run_mpi(3, ["-m", "mpifc", "baseline", "fedavg", str(shards["h2"]), "--rounds", str(rounds), "--fraction", "0.5",
                     "--hidden", "16", "--json"], timeout=240)
     assert r.returncode == 0, r.stderr
     res = json_line(r.stdout)
@@ -37,7 +37,7 @@ def test_splitnn_ledger_matches_closed_form_and_the_papers_form(shards):
     """Full batches, F = 32: the label-owner term (2 k per row) is 3% of 2 |C| F, so even the
     paper's bare E |C| F S form (both directions) lands within 5%."""
     epochs, cut = 3, 32
-    r = run_mpi(3, ["-m", "mpifc.baselines.splitnn", str(shards["v2"]), "--epochs", str(epochs), "--cut", str(cut),
+    r = run_mpi(3, ["-m", "mpifc", "baseline", "splitnn", str(shards["v2"]), "--epochs", str(epochs), "--cut", str(cut),
                     "--batch-size", "0", "--json"], timeout=240)
     assert r.returncode == 0, r.stderr
     res = json_line(r.stdout)
@@ -58,7 +58,7 @@ def test_fedpc_ledger_matches_closed_form_with_m_as_sent(shards, setting, glue, 
     from mpifc.experiments.communication import fedpc_bytes
 
     model, ledger = tmp_path / "m.h5", tmp_path / "ledger.csv"
-    r = run_mpi(3, ["-m", "mpifc.runtime.fc_job", "train", str(shards[setting]), "--learner", "learnspn",
+    r = run_mpi(3, ["-m", "mpifc", "train", str(shards[setting]), "--learner", "learnspn",
                     "--glue", glue, "--clusters", "2", "--min-instances-slice", "30", "--seed", "0",
                     "--model", str(model), "--ledger", str(ledger), "--json"], timeout=300)
     assert r.returncode == 0, r.stderr

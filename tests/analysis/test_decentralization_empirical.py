@@ -102,7 +102,7 @@ def test_quick_ledger_inference_bytes_equal_closed_form(quick_run: tuple[Path, d
     from data_prep.shards import read_test
     from mpifc.federated.evaluate import Query
     from mpifc.federated.serialize import load_fc
-    from mpifc.runtime.fc_query import query_payload_bytes
+    from mpifc.fedpc.query import query_payload_bytes
 
     out, summary = quick_run
     res = summary["results"]["breast-cancer/2"]
@@ -318,7 +318,7 @@ def test_zero_likelihood_rows_counts_rows_without_evidence() -> None:
 def test_job_message_kinds_are_distinct_and_clients_send_allowed_classes() -> None:
     import mpifc.baselines.protocol  # noqa: F401  (registration raises on an id collision)
     from mpifc.analysis import decentralization_job as job
-    from mpifc.runtime import fc_protocol as P
+    from mpifc.fedpc import protocol as P
     from mpifc.runtime.kinds import all_kinds
 
     kinds = all_kinds()

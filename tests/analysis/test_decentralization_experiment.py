@@ -1,7 +1,6 @@
 """`run_part1` quick mode writes readable redraws and curves (issue 8, part 1)."""
 from __future__ import annotations
 
-import argparse
 import csv
 from pathlib import Path
 
@@ -46,5 +45,5 @@ def test_run_part1_quick_writes_figures_and_curves(tmp_path: Path) -> None:
 
 def test_run_rejects_unknown_parts_before_writing(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="nope"):
-        exp.experiment_main(argparse.Namespace(out=str(tmp_path), parts=("nope",)))
+        exp.run(str(tmp_path), parts=("nope",))
     assert not any(tmp_path.iterdir())

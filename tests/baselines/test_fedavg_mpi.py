@@ -10,7 +10,7 @@ from mpifc.baselines.data import client_xy
 from tests.baselines.fixtures import json_line, phase_bytes, read_ledger
 from tests.mpi_util import run_mpi
 
-JOB = ["-m", "mpifc.baselines.fedavg"]
+JOB = ["-m", "mpifc", "baseline", "fedavg"]
 MODEL_KINDS = {"fedavg.global", "fedavg.local"}
 
 

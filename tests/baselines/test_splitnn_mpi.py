@@ -13,7 +13,7 @@ from mpifc.baselines.splitnn import SplitNetwork
 from tests.baselines.fixtures import json_line, phase_bytes, read_ledger
 from tests.mpi_util import run_mpi
 
-JOB = ["-m", "mpifc.baselines.splitnn"]
+JOB = ["-m", "mpifc", "baseline", "splitnn"]
 
 
 def test_splitnn_equals_concatenated_network_with_exact_bytes(bc_dirs, tmp_path):

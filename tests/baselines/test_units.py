@@ -94,20 +94,27 @@ def test_split_network_forward_is_the_concatenated_network():
 
 def test_configs_survive_the_command_line():
     """What a launcher builds with ``to_argv`` is what the job parses back."""
-    from mpifc.baselines import fedavg, splitnn
+    import argparse
+
+    from mpifc.cli.baseline import add_fedavg_arguments, add_splitnn_arguments, fedavg_config, splitnn_config
+
+    def parser(add):
+        p = argparse.ArgumentParser()
+        add(p)
+        return p
 
     fa = FedAvgConfig(dir="/d", rounds=7, local_epochs=3, fraction=0.3, batch_size=0, lr=0.05, hidden=(8, 4),
                       seed=9, dtype="float64", deadline=12.5, save_params="/p.npy")
-    assert fedavg.config_from_args(fedavg.build_parser().parse_args(fa.to_argv())) == fa
+    assert fedavg_config(parser(add_fedavg_arguments).parse_args(fa.to_argv())) == fa
     sp = SplitNNConfig(dir="/d", epochs=2, cut=5, batch_size=16, lr=0.3, bottom_hidden=(), top_hidden=(6, 3), seed=4)
-    assert splitnn.config_from_args(splitnn.build_parser().parse_args(sp.to_argv())) == sp
+    assert splitnn_config(parser(add_splitnn_arguments).parse_args(sp.to_argv())) == sp
 
 
 def test_baseline_kinds_live_beside_the_fc_protocol():
     """Experiments import both protocols into one process: names and ids (= MPI tags) stay distinct,
     and SplitNN's traffic is declared as what it is."""
     import mpifc.baselines.protocol as bp
-    import mpifc.runtime.fc_protocol  # noqa: F401  (raises on an id collision)
+    import mpifc.fedpc.protocol  # noqa: F401  (raises on an id collision)
     from mpifc.runtime.kinds import all_kinds
 
     kinds = all_kinds()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data_prep import shards as S
-from data_prep.cli import main
+from mpifc.cli.prep import main
 
 from .conftest import REPO
 

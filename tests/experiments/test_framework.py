@@ -13,7 +13,8 @@ import pytest
 from mpifc.errors import UserError
 from mpifc.experiments import registry
 from mpifc.experiments.launcher import JobFailed, JobResult, Launcher, under_slurm
-from mpifc.experiments.main import add_experiment_arguments, experiment_main, main, parse_int_list, parse_names
+from mpifc.cli.experiment import add_experiment_arguments, experiment_main, main
+from mpifc.experiments.options import parse_int_list, parse_names
 from mpifc.experiments.scaling import fit_alpha_beta, project
 from mpifc.experiments.store import FAILED, OK, Cell, ResultStore, aggregate, mean_std, run_cells, write_h5_table
 

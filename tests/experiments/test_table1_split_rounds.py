@@ -5,7 +5,7 @@ import pytest
 
 from mpifc.errors import UserError
 from mpifc.experiments import registry
-from mpifc.experiments.main import main
+from mpifc.cli.experiment import main
 from mpifc.experiments.store import OK, Cell
 from mpifc.experiments.table1 import SplitCheckedStore, fit_critical_path, horizontal_split
 

@@ -45,7 +45,7 @@ def test_note_names_the_cells_and_the_flag_reaches_the_plan() -> None:
             assert f"{st} {paper.PAPER_NAMES[ds]}" in note
     assert "T7_CLUSTER_WITHOUT_TARGET" in note
     # table7 passes the fc_job flag (jobs.fc_train_args' extra); fc_job turns it into the plan key
-    from mpifc.runtime.fc_job import add_train_arguments, train_config
+    from mpifc.cli.train import add_fedpc_train_arguments as add_train_arguments, train_config
 
     p = argparse.ArgumentParser()
     add_train_arguments(p)

@@ -9,7 +9,7 @@ import pytest
 from mpifc.errors import UserError
 from mpifc.experiments import paper
 from mpifc.experiments.jobs import capped_hp, fc_train_args
-from mpifc.experiments.main import add_experiment_arguments, main, options_from_args
+from mpifc.cli.experiment import add_experiment_arguments, main, options_from_args
 from mpifc.experiments.table7 import is_image_set, paper_matches
 
 

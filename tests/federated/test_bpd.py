@@ -8,8 +8,8 @@ import numpy as np
 from scipy.special import logsumexp
 
 from mpifc.federated.bpd import image_bpd
-from mpifc.runtime.fc_eval import evaluate_gathered
-from mpifc.cli import add_family_evaluate_arguments  # noqa: F401  (the flags exist)
+from mpifc.fedpc.evaluate import evaluate_gathered
+from mpifc.cli.evaluate import add_evaluate_arguments  # noqa: F401  (the flags exist)
 from tests.federated.fixtures import binary_table, write_shards
 
 
@@ -31,7 +31,7 @@ def _train_gathered(shards, tmp_path):
     from mpifc.federated.one_pass import OnePassBuilder, build_single_process
     from mpifc.federated.serialize import save_fc
     from data_prep.shards import load_manifest, read_client
-    from mpifc.runtime.fc_data import read_client_data
+    from mpifc.fedpc.data import read_client_data
 
     m = load_manifest(shards)
     parts = [(read_client_data(shards, i).declaration, read_client(shards, i).x_train) for i in range(m.n_clients)]

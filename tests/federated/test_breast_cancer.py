@@ -14,8 +14,8 @@ from data_prep.prepare import prepare  # noqa: E402
 from data_prep.shards import load_manifest, write_shards  # noqa: E402
 from mpifc.federated.assign import assign  # noqa: E402
 from mpifc.federated.one_pass import OnePassBuilder, build_single_process  # noqa: E402
-from mpifc.runtime.fc_data import read_client_data  # noqa: E402
-from mpifc.runtime.fc_eval import evaluate_gathered  # noqa: E402
+from mpifc.fedpc.data import read_client_data  # noqa: E402
+from mpifc.fedpc.evaluate import evaluate_gathered  # noqa: E402
 from mpifc.federated.serialize import save_fc  # noqa: E402
 
 # (setting, clients, K, min_instances_slice): hybrid shares the label between clients, where

@@ -312,7 +312,7 @@ def test_wire_format_round_trips_every_attribute_and_dataset_kind():
 def test_macro_f1_matches_sklearn():
     from sklearn.metrics import f1_score
 
-    from mpifc.runtime.fc_eval import _f1_macro
+    from mpifc.fedpc.evaluate import _f1_macro
 
     rng = np.random.default_rng(0)
     for k in (2, 3):

@@ -1,4 +1,4 @@
-"""Exclusive timing (clients learn one after another, mpifc.runtime.fc_train) changes nothing but
+"""Exclusive timing (clients learn one after another, mpifc.fedpc.train) changes nothing but
 the timing: same model, same messages and bytes per phase as the default (contended) run."""
 from __future__ import annotations
 

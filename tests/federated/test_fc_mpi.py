@@ -16,13 +16,13 @@ from mpifc.federated.em import em_step
 from mpifc.federated.evaluate import log_likelihood
 from mpifc.federated.one_pass import build_single_process, cluster_id_dtype
 from mpifc.federated.serialize import load_fc
-from mpifc.runtime.fc_eval import batches, evaluate_gathered, make_query
-from mpifc.runtime.fc_protocol import CLIENT_ALLOWED
-from mpifc.runtime.fc_query import query_payload_bytes
+from mpifc.fedpc.evaluate import batches, evaluate_gathered, make_query
+from mpifc.fedpc.protocol import CLIENT_ALLOWED
+from mpifc.fedpc.query import query_payload_bytes
 from tests.federated.fixtures import FEATURES, all_binary, binary_table, real_table, write_shards
 from tests.mpi_util import run_mpi
 
-JOB = ["-m", "mpifc.runtime.fc_job"]
+JOB = ["-m", "mpifc"]
 
 
 def read_ledger(path: Path) -> list[dict]:
@@ -80,8 +80,8 @@ def assert_same_as_in_process(fc, shards: Path, opts: dict) -> None:
     one process on the same shards (:func:`build_single_process`): nodes, children, weights."""
     from data_prep.shards import load_manifest
     from mpifc.federated.assign import assign, client_rank_map
-    from mpifc.runtime.fc_data import read_client_data
-    from mpifc.runtime.fc_train import builder_from_config
+    from mpifc.fedpc.data import read_client_data
+    from mpifc.fedpc.train import builder_from_config
 
     m = load_manifest(shards)
     data = [read_client_data(shards, c) for c in range(m.n_clients)]
@@ -302,9 +302,9 @@ def test_unaligned_vertical_ids(data, tmp_path):
     # the same as for conflicting meta-types, which runs as a real MPI job above.
     from data_prep.shards import load_manifest
     from mpifc.errors import UserError
-    from mpifc.runtime.fc_data import read_client_data
-    from mpifc.runtime.fc_job import add_train_arguments, train_config
-    from mpifc.runtime.fc_train import builder_from_config
+    from mpifc.fedpc.data import read_client_data
+    from mpifc.cli.train import add_fedpc_train_arguments as add_train_arguments, train_config
+    from mpifc.fedpc.train import builder_from_config
 
     shards = tmp_path / "unaligned"
     shutil.copytree(data["vertical"], shards)

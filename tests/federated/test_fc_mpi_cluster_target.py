@@ -23,7 +23,7 @@ def test_distributed_training_with_the_option_equals_single_process(tmp_path):
     x, x_test = real_table(200, 7), real_table(40, 8)
     shards = write_shards(tmp_path / "v", "vertical", x, x_test, "real", layouts=LAYOUT)
     model = tmp_path / "m.h5"
-    r = run_mpi(3, ["-m", "mpifc.runtime.fc_job", "train", str(shards), "--learner", "factorized", "--glue",
+    r = run_mpi(3, ["-m", "mpifc", "train", str(shards), "--learner", "factorized", "--glue",
                     "cooccurrence", "--clusters", "3", "--seed", "5", "--cluster-without-target", "--model",
                     str(model), "--json"], timeout=180)
     assert r.returncode == 0, r.stderr

@@ -14,8 +14,8 @@ from mpifc.federated.evaluate import log_likelihood, mpe
 from mpifc.federated.mpe import mpe_reference, sample_seeded
 from mpifc.federated.one_pass import OnePassBuilder, build_single_process
 from mpifc.federated.serialize import load_fc
-from mpifc.runtime.fc_eval import batches
-from mpifc.runtime.fc_mpe import query_payload
+from mpifc.fedpc.evaluate import batches
+from mpifc.fedpc.mpe import query_payload
 from tests.federated.fixtures import FEATURES, all_binary, binary_table, real_table, split, write_shards
 from tests.federated.test_fc_mpi import JOB, assert_ledger_declared, assert_private, read_ledger, train
 from tests.mpi_util import run_mpi
@@ -107,7 +107,7 @@ def test_distributed_mpe_and_sampling_equal_gathered(setting, assign_args, n_ran
     _check_bytes(fc, ledger, "sample", 100, 40, clients)
     assert_private(audit, clients, cooccurrence=False, content=(meta == "real"))
     # The same query on the gathered model (evaluate without --distributed), in process.
-    from mpifc.runtime.fc_mpe import query_rank
+    from mpifc.fedpc.mpe import query_rank
 
     out = tmp_path / "sg.h5"
     cfg = {"dir": str(shards), "model": str(model), "distributed": False, "batch": 40, "query": "sample",

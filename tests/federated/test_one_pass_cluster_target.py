@@ -153,7 +153,7 @@ def test_bad_values_and_no_target_are_user_errors():
 
 
 def test_fc_job_flag_sets_the_plan_option():
-    from mpifc.runtime.fc_job import add_train_arguments, train_config
+    from mpifc.cli.train import add_fedpc_train_arguments as add_train_arguments, train_config
 
     p = argparse.ArgumentParser()
     add_train_arguments(p)

@@ -14,7 +14,7 @@ from mpifc.ngm.job import CLIENT_ALLOWED, PrivacyViolation, audit_client_sends
 from mpifc.ngm.store import is_ngm_file, load_ngm, save_ngm
 from mpifc.runtime.kinds import kind_by_name, register_kind
 from mpifc.runtime.ledger import ROW_DTYPE, LedgerTable
-from mpifc.cli import add_family_evaluate_arguments as add_evaluate_arguments, family_evaluate_main as evaluate_main
+from mpifc.cli.evaluate import add_evaluate_arguments, evaluate_main
 from tests.mpi_util import run_mpi
 
 from .conftest import chain_data

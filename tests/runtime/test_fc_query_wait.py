@@ -1,12 +1,12 @@
-"""The polite waits of the distributed query loop (mpifc.runtime.fc_query), in one process with a
+"""The polite waits of the distributed query loop (mpifc.fedpc.query), in one process with a
 scripted transport: arrival order, one message per source, deadlines, pending sends."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mpifc.runtime import fc_protocol as P
-from mpifc.runtime.fc_query import await_messages, await_sends
+from mpifc.fedpc import protocol as P
+from mpifc.fedpc.query import await_messages, await_sends
 from mpifc.runtime.transport import DeadlineExceeded
 
 

@@ -60,8 +60,16 @@ def barrier_main(ctx: JobContext) -> int:
     return 0
 
 
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of a stand-in ``train`` subcommand (the job flags and a seed)."""
+    from mpifc.cli.common import add_job_arguments
+
+    add_job_arguments(p)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def train_main(args: argparse.Namespace) -> int:
-    """A stand-in for a real `train` handler, plugged in the way the lead will plug in theirs."""
+    """A stand-in for a real `train` handler, plugged in through `COMMANDS`."""
     return run_job(make_raiser(args.seed, RuntimeError), deadline=args.deadline)
 
 
@@ -82,7 +90,7 @@ if __name__ == "__main__":
         from mpifc import cli
 
         cli.COMMANDS["train"] = cli.Command("test", "tests.runtime.progs.failing:train_main",
-                                            "mpifc.cli:add_train_arguments")
+                                            "tests.runtime.progs.failing:add_train_arguments")
         # Exactly what the generated `mpifc` console script runs.
         sys.argv = ["mpifc", "train", "--seed", str(bad)]
         sys.exit(cli.main())

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.runtime.atomic import atomic_write_text
+from mpifc.atomic import atomic_write_text
 from mpifc.runtime.kinds import as_kind
 
 

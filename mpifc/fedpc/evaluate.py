@@ -24,9 +24,10 @@ from mpifc.federated.evaluate import Query, upward
 from mpifc.federated.one_pass import ids_digest
 from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import FederatedCircuit
-from mpifc.runtime import fc_protocol as P
-from mpifc.runtime.atomic import atomic_write_bytes
-from mpifc.runtime.fc_query import await_sends, own_evidence, post_evidence, receive_evidence, upward_pass, warm_up
+from mpifc.fedpc import protocol as P
+from mpifc.atomic import atomic_write_bytes
+from mpifc.fedpc.checks import check_model_matches, check_root_on_querier
+from mpifc.fedpc.query import await_sends, batches, own_evidence, post_evidence, receive_evidence, upward_pass, warm_up
 
 EVIDENCE_AHEAD = 1  # batches of evidence the querier posts beyond the one being answered (see below)
 
@@ -38,27 +39,8 @@ def make_query(fc: FederatedCircuit) -> Query:
     return Query(t, int(fc.n_categories[t]))
 
 
-def check_model_matches(fc: FederatedCircuit, manifest: Any, model: str) -> None:
-    """The model's clients must be the manifest's clients with the same features."""
-    for c in fc.clients.values():
-        if not 0 <= c.index < manifest.n_clients:
-            raise UserError(f"{model}: client {c.index} is not in the shard manifest ({manifest.n_clients} clients)")
-        want = tuple(manifest.clients[c.index]["features"])
-        if set(c.features) != set(want):
-            raise UserError(f"{model}: client {c.index} was trained on features {list(c.features)}, "
-                            f"but the shards give it {list(want)}")
-
-
-def batches(n: int, size: int) -> list[tuple[int, int]]:
-    return [(lo, min(lo + size, n)) for lo in range(0, n, max(size, 1))]
-
-
 def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """This rank's part of ``evaluate``; returns the metrics on rank 0."""
-    if cfg.get("query", "ll") != "ll":  # MPE / sampling (mpifc.runtime.fc_mpe)
-        from mpifc.runtime.fc_mpe import query_rank
-
-        return query_rank(ctx, cfg)
     manifest = load_manifest(cfg["dir"])
     distributed = bool(cfg["distributed"])
     if not distributed:
@@ -148,17 +130,6 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
 def _tile(a: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` rows of ``a`` repeated (``n`` may exceed ``len(a)``)."""
     return np.resize(a, (n,) + a.shape[1:]) if len(a) else a
-
-
-def check_root_on_querier(fc: Any, model: str) -> None:
-    """Every rank, before any message: the root must be on rank 0, the querier that receives the
-    answers (training puts it there, :func:`mpifc.federated.assign.root_on_rank`). A root elsewhere
-    (an edited file, or one written before that rule) would leave rank 0 out of the pass while the
-    clients wait for its evidence; every rank raises the same UserError instead."""
-    rank = fc.nodes[fc.root].rank
-    if rank != 0:
-        raise UserError(f"{model}: the root (node {fc.root}) is on rank {rank}; the distributed passes need it "
-                        f"on rank 0, the querier (retrain, or evaluate without --distributed)")
 
 
 def tiled_test(test: Any, cfg: dict[str, Any]) -> Any:

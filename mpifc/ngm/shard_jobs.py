@@ -1,4 +1,4 @@
-"""``mpifc train/evaluate --model-family ngm``: FedNGM on data_prep shards.
+"""FedNGM on data_prep shards: the jobs behind ``mpifc train/evaluate --model-family ngm``.
 
 ``mpiexec -n C+1 mpifc train DIR --model-family ngm --model M.h5 [--min-clients k ...]``: rank 0
 is the master, client rank ``r`` reads only shard ``r - 1`` (``read_client``); the master reads
@@ -13,7 +13,6 @@ process predicts each target from the other features of the test rows (``test.h5
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -22,56 +21,6 @@ import numpy as np
 
 from mpifc.errors import UserError
 from mpifc.ngm.schema import Feature, Schema, categorical, real
-
-FAMILIES = ("fc", "ngm")
-
-
-# -- arguments -----------------------------------------------------------------------------------
-def _hidden(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(t) for t in str(text).split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--hidden expects comma-separated widths like 32,32, got {text!r}")
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"--hidden expects positive widths, got {text!r}")
-    return widths
-
-
-def add_ngm_train_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``--model-family ngm`` flags of ``mpifc train``, in their own group."""
-    g = p.add_argument_group("FedNGM (--model-family ngm)")
-    g.add_argument("--min-clients", type=int, default=1, metavar="K",
-                   help="release rule: refuse to release the global graph/model below K clients")
-    g.add_argument("--lam", type=float, default=1.0, help="weight of the graph-constrained path norm (eq. 1)")
-    g.add_argument("--epochs", type=int, default=50, help="epochs of every NGM (clients and global)")
-    g.add_argument("--hidden", type=_hidden, default=(32, 32), metavar="H1,H2", help="hidden layer widths")
-    g.add_argument("--batch-size", type=int, default=256)
-    g.add_argument("--lr", type=float, default=2e-2)
-    g.add_argument("--calib-rows", type=int, default=1000, help="rows each NGM calibrates its sampler on")
-    g.add_argument("--samples", type=int, default=10_000, help="samples the master draws from client NGMs in all")
-    g.add_argument("--proportional", action="store_true",
-                   help="draw samples in proportion to client sizes instead of equally")
-    g.add_argument("--public", default=None, metavar="DIR",
-                   help="public data for the extra term of eq. 3: a shard directory whose test.h5 the master reads")
-    g.add_argument("--graph-alpha", type=float, default=0.05, help="graphical lasso penalty of the local graphs")
-    g.add_argument("--stitch-hidden", type=int, default=0,
-                   help="hidden units per layer a client adds to stitch its extra features (0 = no stitching)")
-    g.add_argument("--features", default=None, metavar="A,B,...",
-                   help="model only these shard columns (every client must hold them); default: all")
-    g.add_argument("--save-local", default=None, metavar="DIR",
-                   help="each client also writes its own local NGM to DIR/client-<i>.h5")
-    g.add_argument("--folds", type=int, default=1, help="with --fold: clients hold out 1/FOLDS of their rows")
-    g.add_argument("--fold", type=int, default=None, help="which fold clients hold out (for cross-validation)")
-
-
-def add_ngm_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``--model-family ngm`` flags of ``mpifc evaluate``."""
-    g = p.add_argument_group("FedNGM (--model-family ngm)")
-    g.add_argument("--target", action="append", default=[], metavar="NAME",
-                   help="feature to predict from the others (repeatable; default: the dataset target)")
-    g.add_argument("--client", type=int, default=None, metavar="I",
-                   help="evaluate on client I's own test rows instead of test.h5")
-    g.add_argument("--infer-steps", type=int, default=None, help="input-optimisation steps (default: the model's)")
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -160,22 +109,27 @@ def _train_job(ctx: Any) -> int:
     return 0
 
 
-def train_main(args: argparse.Namespace) -> int:
-    """Run FedNGM training as an MPI job; returns the exit code (2 on refusal or bad input)."""
+def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+          as_json: bool = False) -> int:
+    """Run FedNGM training as an MPI job; returns the exit code (2 on refusal or bad input).
+
+    Args:
+        cfg: ``dir``, ``model``, ``seed``, ``min_clients``, ``lam``, ``epochs``, ``hidden``,
+            ``batch_size``, ``lr``, ``calib_rows``, ``samples``, ``proportional``, ``public``,
+            ``graph_alpha``, ``stitch_hidden``, ``save_local``, ``folds``, ``fold``, ``features``
+            (as :func:`mpifc.cli.train.ngm_train_config` builds them).
+        deadline: seconds any single send or receive may wait.
+        ledger: where rank 0 writes the per-message ledger CSV.
+        as_json: rank 0 prints the summary as one JSON line.
+    """
     from data_prep.shards import load_manifest
     from mpifc.ngm.job import audit_client_sends
     from mpifc.runtime.job import run_job
 
-    if args.fold is not None:
-        fold_rows(args.folds, args.folds, args.fold, 0)  # validates --fold/--folds
-    cfg = {"dir": str(args.dir), "model": str(args.model), "seed": int(args.seed), "min_clients": args.min_clients,
-           "lam": args.lam, "epochs": args.epochs, "hidden": list(args.hidden), "batch_size": args.batch_size,
-           "lr": args.lr, "calib_rows": args.calib_rows, "samples": args.samples, "proportional": bool(args.proportional),
-           "public": args.public, "graph_alpha": args.graph_alpha, "stitch_hidden": args.stitch_hidden,
-           "save_local": args.save_local, "folds": args.folds, "fold": args.fold,
-           "features": [n.strip() for n in args.features.split(",") if n.strip()] if args.features else None}
+    if cfg["fold"] is not None:
+        fold_rows(cfg["folds"], cfg["folds"], cfg["fold"], 0)  # validates --fold/--folds
     _settings(cfg)  # bad settings fail here, before any rank starts
-    load_manifest(args.dir)
+    load_manifest(cfg["dir"])
 
     def on_ledger(table: Any) -> None:
         audit = audit_client_sends(table)  # raises on a forbidden payload class
@@ -184,15 +138,15 @@ def train_main(args: argparse.Namespace) -> int:
         summary["bytes_total"] = int(rows["payload_bytes"].sum() + rows["header_bytes"].sum())
         summary["bytes_by_phase"] = {ph: int(v) for ph, v in _bytes_by_phase(table).items()}
         summary["client_payload_classes"] = audit
-        if args.json:
+        if as_json:
             print(json.dumps(summary), flush=True)
 
     def job(ctx: Any) -> int:
         ctx.config = cfg  # one dict, so on_ledger sees rank 0's summary
         return _train_job(ctx)
 
-    return run_job(job, config=cfg, servers=1, min_clients=1, deadline=args.deadline,
-                   ledger_csv=args.ledger, on_ledger=on_ledger)
+    return run_job(job, config=cfg, servers=1, min_clients=1, deadline=deadline,
+                   ledger_csv=ledger, on_ledger=on_ledger)
 
 
 def _bytes_by_phase(table: Any) -> dict[str, int]:
@@ -231,35 +185,45 @@ def evaluate_rows(model: Any, x: np.ndarray, features: list[str], targets: list[
     return out
 
 
-def evaluate_main(args: argparse.Namespace) -> int:
-    """Evaluate an NGM model file on shard test rows; prints one line (or JSON) per target."""
+def evaluate(directory: str, model_path: str, targets: list[str], client: int | None = None,
+             infer_steps: int | None = None, as_json: bool = False) -> int:
+    """Evaluate an NGM model file on shard test rows; prints one line (or JSON) per target.
+
+    Args:
+        directory: the shard folder.
+        model_path: the FedNGM model file.
+        targets: features to predict from the others (empty: the dataset's target).
+        client: evaluate on this client's own test rows instead of ``test.h5``.
+        infer_steps: input-optimisation steps (``None``: the model's own).
+        as_json: print one JSON line instead of one line per target.
+    """
     from data_prep.shards import load_manifest, read_client, read_test
     from mpifc.ngm.inference import InferenceSettings
     from mpifc.ngm.store import load_ngm
 
-    model, _ = load_ngm(args.model)
-    manifest = load_manifest(args.dir)
-    targets = list(args.target) or ([manifest.target] if manifest.target else [])
+    model, _ = load_ngm(model_path)
+    manifest = load_manifest(directory)
+    targets = list(targets) or ([manifest.target] if manifest.target else [])
     if not targets:
-        raise UserError(f"{args.dir} has no target column; name one with --target")
+        raise UserError(f"{directory} has no target column; name one with --target")
     for t in targets:
         if t not in model.schema.names:
             raise UserError(f"--target {t!r}: the model has features {list(model.schema.names)}")
-    if args.client is not None:
-        if not 0 <= args.client < manifest.n_clients:
-            raise UserError(f"--client {args.client}: {args.dir} has clients 0..{manifest.n_clients - 1}")
-        shard = read_client(args.dir, args.client)
-        x, features, where = shard.x_test, list(shard.features), f"client {args.client} test rows"
+    if client is not None:
+        if not 0 <= client < manifest.n_clients:
+            raise UserError(f"--client {client}: {directory} has clients 0..{manifest.n_clients - 1}")
+        shard = read_client(directory, client)
+        x, features, where = shard.x_test, list(shard.features), f"client {client} test rows"
     else:
-        test = read_test(args.dir)
+        test = read_test(directory)
         x, features, where = test.x, list(test.features), "test.h5"
     settings = None
-    if args.infer_steps is not None:
-        if args.infer_steps < 0:
-            raise UserError(f"--infer-steps must be >= 0, got {args.infer_steps}")
-        settings = InferenceSettings(steps=args.infer_steps)
+    if infer_steps is not None:
+        if infer_steps < 0:
+            raise UserError(f"--infer-steps must be >= 0, got {infer_steps}")
+        settings = InferenceSettings(steps=infer_steps)
     records = evaluate_rows(model, x, features, targets, settings)
-    if args.json:
+    if as_json:
         print(json.dumps({"on": where, "metrics": records}), flush=True)
     else:
         for r in records:

@@ -2,7 +2,7 @@
 
 In horizontal and hybrid data every client holds *different rows* (data_prep's hybrid splits
 rows as in horizontal and features into shared and private blocks), so the vertical EM of
-:mod:`mpifc.runtime.fc_train` (per-sample flows between ranks holding the same rows) does not
+:mod:`mpifc.fedpc.train` (per-sample flows between ranks holding the same rows) does not
 apply. Instead, per iteration:
 
 1. ``fc.em.params`` (server → every client): the whole FC with every leaf model's parameters
@@ -46,7 +46,7 @@ from mpifc.federated.em import (
 )
 from mpifc.federated.serialize import fc_from_bytes, fc_to_bytes
 from mpifc.federated.structure import LEAF, FederatedCircuit
-from mpifc.runtime import fc_protocol as P
+from mpifc.fedpc import protocol as P
 
 
 def fc_with_models_to_bytes(fc: FederatedCircuit) -> np.ndarray:

@@ -1,66 +1,21 @@
-"""``mpifc experiment NAME``: flags and handler (wired into :mod:`mpifc.cli` by the lead).
-
-Until then: ``python -m mpifc.experiments NAME --out results/NAME --seeds 0-4 [--quick]``.
-"""
+"""``mpifc experiment NAME``: run a paper experiment (``--list`` names them all)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from mpifc.errors import UserError
-
-KNOWN_DATASETS = ("breast-cancer", "adult", "credit", "mnist", "imagenet32")
-"""``--datasets`` names. ``imagenet32:K`` (the first K training batches, see
-:mod:`data_prep.image_sets`) is accepted as well; table2 runs image sets, the tables of tabular
-sets skip them. ``image-folder`` needs a folder (``--path``), which experiments do not take."""
-# Datasets that take a ``:SUFFIX`` (data_prep reads part of them).
-SUFFIXED_DATASETS = ("imagenet32",)
-KNOWN_METHODS = ("fc-pc", "fc-dt", "fedavg", "splitnn", "hgb")
-KNOWN_SETTINGS = ("horizontal", "vertical", "hybrid")
-
-
-def parse_int_list(spec: str, what: str) -> list[int]:
-    """``"0-4"``, ``"0,2,5"`` or ``"0-2,7"`` -> sorted distinct ints >= 0.
-
-    Raises:
-        UserError: naming ``what`` and the bad part.
-    """
-    out: set[int] = set()
-    text = str(spec).strip()
-    if not text:
-        raise UserError(f"{what}: empty list")
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise UserError(f"{what} {spec!r}: {part!r} is not N or N-M") from None
-        if a < 0 or b < a:
-            raise UserError(f"{what} {spec!r}: {part!r} is not a range of non-negative integers (N-M, N <= M)")
-        out.update(range(a, b + 1))
-    return sorted(out)
-
-
-def parse_names(spec: str | None, known: Sequence[str], what: str,
-                suffixed: Sequence[str] = ()) -> list[str] | None:
-    """Comma-separated names, each one of ``known`` or ``NAME:SUFFIX`` for a NAME in ``suffixed``
-    (``None`` when not given)."""
-    if spec is None:
-        return None
-    items = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [s for s in items if s not in known and not (s.partition(":")[0] in suffixed and s.partition(":")[2])]
-    if bad or not items:
-        raise UserError(f"{what}: unknown {', '.join(map(repr, bad)) or 'empty list'}; known: {', '.join(known)}")
-    return items
+from mpifc.experiments.options import (KNOWN_DATASETS, KNOWN_METHODS, KNOWN_SETTINGS, SUFFIXED_DATASETS,
+                                       parse_int_list, parse_names)
 
 
 def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``mpifc experiment`` (``--config`` is added by the CLI itself)."""
-    p.add_argument("name", nargs="?", help="experiment: table1, table7, commcost, scaling, decentralization")
+    from mpifc.experiments import registry
+
+    p.add_argument("name", nargs="?", help=f"experiment: {', '.join(registry.names())}")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--out", metavar="DIR", help="result folder (default results/NAME)")
     p.add_argument("--seeds", default=None, metavar="SPEC",
@@ -156,7 +111,7 @@ def experiment_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpifc.experiments", description="Run a paper experiment.")
+    p = argparse.ArgumentParser(prog="mpifc experiment", description="Run a paper experiment.")
     add_experiment_arguments(p)
     args = p.parse_args(argv)
     try:
@@ -166,4 +121,4 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["add_experiment_arguments", "experiment_main", "parse_int_list", "parse_names", "main"]
+__all__ = ["add_experiment_arguments", "experiment_main", "options_from_args", "main"]

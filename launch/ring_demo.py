@@ -1,6 +1,6 @@
-"""A small runtime demo job: arrays around a ring, a report to the server, a ledger table.
+"""A small demo of mpifc's runtime on its own: arrays around a ring, a report to the server, a ledger table.
 
-Run: ``mpiexec -n 3 python -m mpifc.runtime.ring_demo [--rounds N] [--floats N]``. Each round
+Run: ``mpiexec -n 3 python launch/ring_demo.py [--rounds N] [--floats N]`` (from the repository root). Each round
 every rank passes a float64 vector to the next rank (phase ``ring``); then every client reports
 the sum it saw to rank 0's actor (phase ``report``). Rank 0 checks the sums and prints the
 per-link / per-phase byte table from the ledger.
@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import numpy as np
 
@@ -51,7 +54,7 @@ def ring_job(ctx: JobContext) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mpifc.runtime.ring_demo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="launch/ring_demo.py", description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--floats", type=int, default=100_000)
     ap.add_argument("--ledger-csv", help="write the per-message ledger here")

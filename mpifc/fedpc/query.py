@@ -26,7 +26,11 @@ import numpy as np
 from mpifc.errors import UserError
 from mpifc.federated.evaluate import Columns, Query, combine, leaf_values
 from mpifc.federated.structure import LEAF, FederatedCircuit
-from mpifc.runtime import fc_protocol as P
+from mpifc.fedpc import protocol as P
+
+
+def batches(n: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + size, n)) for lo in range(0, n, max(size, 1))]
 
 
 def evidence_arrays(clients: list[Any], test: Any, lo: int, hi: int, target: str | None) -> list[np.ndarray]:
@@ -52,7 +56,7 @@ def post_evidence(transport: Any, clients: list[Any], test: Any, lo: int, hi: in
 
     Returns the pending sends to other ranks (each keeps its array alive until done). MPI keeps
     messages of one kind from one sender in order, so several batches may be in flight
-    (:func:`mpifc.runtime.fc_eval.evaluate_rank` posts evidence a few batches ahead).
+    (:func:`mpifc.fedpc.evaluate.evaluate_rank` posts evidence a few batches ahead).
     """
     pending = []
     for c, ev in zip(clients, evidence_arrays(clients, test, lo, hi, target)):

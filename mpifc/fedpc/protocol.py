@@ -33,7 +33,7 @@ EM_STRUCTURE = register_kind("fc.em.structure", "model_parameters",
                              "server -> client: the assembled FC without leaf models (for exact EM)")
 FLOWS = register_kind("fc.em.flows", "flow", "parent rank -> child rank: per-sample flows of crossing nodes")
 EM_STATS = register_kind("fc.em.stats", "flow", "client -> server: summed sum-node edge flows (EM statistics)")
-# Exact EM for horizontal and hybrid data (pooled statistics, mpifc.runtime.fc_em): only
+# Exact EM for horizontal and hybrid data (pooled statistics, mpifc.fedpc.em): only
 # parameters and per-component sums over a client's rows leave it, never per-sample values.
 EM_PARAMS = register_kind("fc.em.params", "model_parameters",
                           "server -> client (horizontal/hybrid EM): the whole FC with every leaf PC (HDF5 bytes)")
@@ -46,7 +46,7 @@ EM_LEAF_STATS = register_kind("fc.em.leaf_stats", "flow",
                               "sender's rows (flow-weighted counts, sums, squares, internal edge counts)")
 EM_LEAF = register_kind("fc.em.leaf", "model_parameters",
                         "owner client -> server (horizontal/hybrid EM): one leaf PC after its M-step (HDF5 bytes)")
-# Distributed MPE and sampling (mpifc.runtime.fc_mpe).
+# Distributed MPE and sampling (mpifc.fedpc.mpe).
 MAX_VALUES = register_kind("fc.query.max_values", "likelihood_vector",
                            "rank -> parent rank (MPE): per-sample max-product log-values of crossing nodes, "
                            "float64 (nodes * batch,)")

@@ -1,4 +1,4 @@
-"""``python -m data_prep``: a dataset into per-client HDF5 shards (see ``shards.py``)."""
+"""``python -m data_prep``: a dataset into per-client HDF5 shards (see :mod:`data_prep.shards`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +7,12 @@ from pathlib import Path
 
 from mpifc.errors import UserError
 
-from .datasets import DATASETS
-from .files import default_data_root
-from .partition import SETTINGS, SPLITS
-from .preprocess import ENCODINGS
-from .prepare import PrepConfig, prepare
-from .shards import write_shards
+from data_prep.datasets import DATASETS
+from data_prep.files import default_data_root
+from data_prep.partition import SETTINGS, SPLITS
+from data_prep.prepare import PrepConfig, prepare
+from data_prep.preprocess import ENCODINGS
+from data_prep.shards import write_shards
 
 
 def _label_owner(text: str) -> int | str:

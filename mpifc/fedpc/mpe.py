@@ -3,7 +3,7 @@
 MPE, per batch of test rows (the target, if any, blanked; it is what MPE predicts):
 
 1. upward max-product pass (``fc.query.max_values``): like the likelihood pass of
-   :mod:`mpifc.runtime.fc_query`, but every leaf's value is its log-likelihood at its own MPE
+   :mod:`mpifc.fedpc.query`, but every leaf's value is its log-likelihood at its own MPE
    completion and sums take the max of ``log w_i + v_i``. Payload: ``8 · batch`` bytes per node
    crossing a rank link (the same closed form as a likelihood pass).
 2. downward decision pass (``fc.query.decisions``): the rank of each sum picks the arg-max child
@@ -49,9 +49,10 @@ from mpifc.federated.mpe import (
 )
 from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import LEAF, FederatedCircuit
-from mpifc.runtime import fc_protocol as P
-from mpifc.runtime.atomic import atomic_write_bytes
-from mpifc.runtime.fc_query import exchange_evidence
+from mpifc.fedpc import protocol as P
+from mpifc.atomic import atomic_write_bytes
+from mpifc.fedpc.checks import check_model_matches, check_root_on_querier
+from mpifc.fedpc.query import batches, exchange_evidence
 
 
 # -- passes --------------------------------------------------------------------------------------
@@ -126,7 +127,6 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
         raise UserError(f"unknown --query {cfg['query']!r}")
     if not cfg["distributed"]:
         return _gathered(cfg) if ctx.rank == 0 else None
-    from mpifc.runtime.fc_eval import batches, check_model_matches, check_root_on_querier
 
     manifest = load_manifest(cfg["dir"])
     fc = load_fc(cfg["model"], load_models={ctx.rank})
@@ -213,7 +213,6 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _gathered(cfg: dict[str, Any]) -> dict[str, Any]:
-    from mpifc.runtime.fc_eval import batches, check_model_matches
 
     manifest = load_manifest(cfg["dir"])
     fc = load_fc(cfg["model"], load_models=True)

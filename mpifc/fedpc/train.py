@@ -63,8 +63,8 @@ from mpifc.federated.one_pass import (
     unpack_cluster_ids,
 )
 from mpifc.federated.serialize import model_from_bytes, model_to_bytes, save_fc
-from mpifc.runtime import fc_protocol as P
-from mpifc.runtime.fc_data import read_client_data
+from mpifc.fedpc import protocol as P
+from mpifc.fedpc.data import read_client_data
 
 CLIENT_PHASES = ("read", "learn", "serialize", "em")
 
@@ -194,8 +194,8 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
         with _clock(times, walls, "em"):
             if plan.setting == "vertical":
                 _client_em(ctx, cfg, index, data, report)
-            else:  # horizontal / hybrid: pooled E-step statistics (mpifc.runtime.fc_em)
-                from mpifc.runtime.fc_em import pooled_client_em
+            else:  # horizontal / hybrid: pooled E-step statistics (mpifc.fedpc.em)
+                from mpifc.fedpc.em import pooled_client_em
 
                 pooled_client_em(ctx, cfg, index, data)
     t.send(np.array([times.get(p, 0.0) for p in CLIENT_PHASES] + [walls.get(p, 0.0) for p in CLIENT_PHASES]),
@@ -219,7 +219,7 @@ def _client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, report: Cli
     """Exact EM, client side: own leaves only, own rows only; sends the refined PCs at the end."""
     from mpifc.federated.em import update_leaf
     from mpifc.federated.serialize import fc_from_bytes
-    from mpifc.runtime.fc_query import downward_pass, upward_pass
+    from mpifc.fedpc.query import downward_pass, upward_pass
 
     t = ctx.transport
     fc = fc_from_bytes(t.recv(0, P.EM_STRUCTURE))
@@ -310,8 +310,8 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         with _clock(busy, walls, "em"):
             if manifest.setting == "vertical":
                 em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
-            else:  # horizontal / hybrid: pooled E-step statistics (mpifc.runtime.fc_em)
-                from mpifc.runtime.fc_em import pooled_server_em
+            else:  # horizontal / hybrid: pooled E-step statistics (mpifc.fedpc.em)
+                from mpifc.fedpc.em import pooled_server_em
 
                 em_trace = pooled_server_em(ctx, cfg, fc, ranks)
         fc.validate(require_models=True)
@@ -370,7 +370,7 @@ def _server_em(ctx: Any, cfg: dict[str, Any], fc: Any, ranks: dict[int, int], re
     """Exact EM, server side: sum nodes only; returns the mean train log-likelihood per iteration."""
     from mpifc.federated.em import update_sums
     from mpifc.federated.serialize import fc_to_bytes
-    from mpifc.runtime.fc_query import downward_pass, upward_pass
+    from mpifc.fedpc.query import downward_pass, upward_pass
 
     t = ctx.transport
     blob = fc_to_bytes(fc)

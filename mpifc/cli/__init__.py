@@ -1,0 +1,144 @@
+"""The ``mpifc`` command line: ``info``, ``train``, ``evaluate``, ``baseline``, ``bench``, ``experiment``.
+
+Every argparse parser a user reaches lives in this package, one module per subcommand
+(``python -m data_prep`` included: :mod:`mpifc.cli.prep`). The handlers turn flags into plain
+settings and call the library, which never sees an ``argparse.Namespace``.
+
+Run it under ``mpiexec`` for multi-rank jobs (``mpiexec -n 4 mpifc train ...``). Like
+``python -m mpi4py``, an uncaught exception on any rank aborts the whole job, printing the rank
+and the error; bad input is one line on stderr and exit code 2.
+
+Plugging in a subcommand: point its entry in :data:`COMMANDS` at the handler and at the function
+that adds its flags (see :class:`Command`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import mpifc
+from mpifc.errors import UserError
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its handler and the function that adds its flags, as ``"module:function"``.
+
+    Both are imported only when the CLI is built or run, so heavy modules load on demand. The
+    handler takes the parsed ``argparse.Namespace`` and returns an exit code. The CLI itself adds
+    ``--config`` to every subcommand but those in :data:`NOT_CONFIGURABLE`; flags added by
+    ``arguments`` then work in config files too (``required=True`` flags may come from the file).
+    """
+
+    help: str
+    handler: str
+    arguments: str
+
+
+COMMANDS: dict[str, Command] = {
+    "info": Command("MPI library, ranks, devices and package versions", "mpifc.cli.info:info_main",
+                    "mpifc.cli.info:add_info_arguments"),
+    "train": Command("train a federated circuit (or FedNGM)", "mpifc.cli.train:train_main",
+                     "mpifc.cli.train:add_train_arguments"),
+    "evaluate": Command("evaluate a trained federated circuit (or FedNGM)", "mpifc.cli.evaluate:evaluate_main",
+                        "mpifc.cli.evaluate:add_evaluate_arguments"),
+    "baseline": Command("run a baseline: fedavg, splitnn, central, decentralized", "mpifc.cli.baseline:baseline_main",
+                        "mpifc.cli.baseline:add_baseline_arguments"),
+    "bench": Command("run a benchmark from launch/bench/", "mpifc.cli.bench:bench_main",
+                     "mpifc.cli.bench:add_bench_arguments"),
+    "experiment": Command("run a paper experiment", "mpifc.cli.experiment:experiment_main",
+                          "mpifc.cli.experiment:add_experiment_arguments"),
+}
+
+NOT_CONFIGURABLE = ("bench", "baseline")
+"""Subcommands without ``--config``: their flags belong to a script or a nested sub-command."""
+
+
+def _load(ref: str) -> Callable[..., Any]:
+    module, _, func = ref.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's parser by name."""
+    parser = argparse.ArgumentParser(prog="mpifc", description="Federated probabilistic circuits on MPI.")
+    parser.add_argument("--version", action="version", version=f"mpifc {mpifc.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subs = {}
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        if name not in NOT_CONFIGURABLE:
+            p.add_argument("--config", metavar="FILE",
+                           help="TOML file whose keys mirror these flags (flags on the command line win)")
+        _load(cmd.arguments)(p)
+        subs[name] = p
+    return parser, subs
+
+
+def _command_in(argv: list[str], names: dict[str, Any]) -> str | None:
+    # Top-level options are only --help/--version, so the first known name is the subcommand.
+    return next((a for a in argv if a in names), None)
+
+
+def _config_path(argv: list[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    return known.config
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; values from ``--config`` fill in flags not given on the command line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subs = build_parser()
+    command = _command_in(argv, subs)
+    path = _config_path(argv) if command is not None and command not in NOT_CONFIGURABLE else None
+    if path:
+        from mpifc.cli.config import config_defaults
+
+        configurable = {k: v for k, v in subs.items() if k not in NOT_CONFIGURABLE}
+        values = config_defaults(path, configurable, command)
+        subs[command].set_defaults(**values)
+        for action in subs[command]._actions:
+            if action.dest in values:
+                action.required = False  # the file supplies it
+    return parser.parse_args(argv)
+
+
+def resolve_handler(command: str) -> Callable[[argparse.Namespace], int | None]:
+    """Import the handler named in :data:`COMMANDS`."""
+    return _load(COMMANDS[command].handler)
+
+
+def not_yet_available(args: argparse.Namespace) -> int:
+    """Placeholder handler for a subcommand that is declared but not built yet."""
+    raise UserError(f"mpifc {args.command}: not yet available in mpifc {mpifc.__version__}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit code (aborts the MPI job on any rank's failure)."""
+    try:
+        args = parse_args(argv)
+        return int(resolve_handler(args.command)(args) or 0)
+    except SystemExit as e:
+        # argparse's own errors and --help: every rank parsed the same argv, so all exit alike.
+        if e.code in (None, 0) or not _mpi_running_multi():
+            raise
+        _abort(e)
+    except BaseException as e:  # noqa: BLE001 - any failure must end the whole job
+        _abort(e)
+    return 1
+
+
+def _mpi_running_multi() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return bool(mpi and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1)
+
+
+def _abort(exc: BaseException) -> Any:
+    from mpifc.runtime.failure import abort_job
+
+    abort_job(exc)

@@ -1,0 +1,48 @@
+"""Flags and flag parsing that several subcommands share."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mpifc.errors import UserError
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags every MPI job has: ``--deadline`` and ``--device``."""
+    p.add_argument("--deadline", type=float, default=300.0, metavar="S",
+                   help="seconds any single send or receive may wait before the job aborts (default 300)")
+    p.add_argument("--device", default="auto", metavar="DEV",
+                   help="auto (cuda:(local_rank %% n_gpus) if CUDA, else cpu), cpu, cuda or cuda:N")
+
+
+def parse_kv(items: list[str] | None, what: str) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``; values become int, else float, else str.
+
+    Raises:
+        UserError: an item without ``=``, naming the flag ``what``.
+    """
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UserError(f"{what} {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        for cast in (int, float):
+            try:
+                out[k] = cast(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k] = v
+    return out
+
+
+def comma_ints(text: str, flag: str) -> tuple[int, ...]:
+    """``"64,32"`` -> ``(64, 32)``: positive integers (an argparse ``type``)."""
+    try:
+        widths = tuple(int(t) for t in str(text).split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{flag} expects comma-separated widths like 32,32, got {text!r}")
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{flag} expects positive widths, got {text!r}")
+    return widths

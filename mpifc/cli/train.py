@@ -1,0 +1,136 @@
+"""``mpifc train``: one-pass FedPC training (or FedNGM with ``--model-family ngm``) as an MPI job.
+
+Rank 0 is the server; one rank per client follows (``mpiexec -n C+1``). The flags become a plain
+settings dict (:func:`train_config`) that :func:`mpifc.fedpc.job.train` runs on every rank.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any
+
+from mpifc.cli.common import comma_ints, parse_kv
+from mpifc.errors import UserError
+from mpifc.federated.assign import ASSIGN_STRATEGIES
+from mpifc.federated.learners import learner_names
+from mpifc.federated.one_pass import CLUSTER_WITHOUT_TARGET, GLUE_MODES
+
+FAMILIES = ("fc", "ngm")
+"""``--model-family``: fc = federated circuits (FedPC), ngm = FedNGM."""
+
+
+def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The FedPC flags of ``mpifc train``."""
+    p.add_argument("dir", help="shard directory written by data_prep")
+    p.add_argument("--learner", default="learnspn", choices=learner_names(), help="client PC learner")
+    p.add_argument("--client-learner", action="append", default=[], metavar="IDX=NAME",
+                   help="per-client learner override (repeatable)")
+    p.add_argument("--glue", default="random", choices=GLUE_MODES)
+    p.add_argument("--clusters", type=int, default=2, help="K, clusters per single-owner subspace")
+    p.add_argument("--products", type=int, default=4, help="P, products of the random glue")
+    p.add_argument("--cluster-without-target", action="store_true",
+                   help="the label owner's k-means leaves the target column out (its cluster PCs still model "
+                        "it), so no cluster is a 'label cluster'; default off (Algorithm 1 as written). "
+                        "Same as --hp cluster_without_target=1; see mpifc.federated.one_pass.CLUSTER_WITHOUT_TARGET")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threshold", type=float, default=None, help="LearnSPN RDC threshold")
+    p.add_argument("--min-instances-slice", type=int, default=None, help="LearnSPN min rows per slice")
+    p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="extra learner hyperparameter")
+    p.add_argument("--model", required=True, help="output model file (HDF5, written atomically)")
+    p.add_argument("--ledger", default=None, help="per-message ledger CSV")
+    p.add_argument("--assign", default="flat", choices=ASSIGN_STRATEGIES, help="ψ strategy")
+    p.add_argument("--servers", type=int, default=0, help="intermediate server ranks for --assign tree")
+    p.add_argument("--refine", default="none", choices=("none", "em"),
+                   help="em: exact distributed EM after one-pass training (vertical: per-sample flows, "
+                        "--assign flat; horizontal/hybrid: pooled E-step statistics)")
+    p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em")
+    p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on rank 0")
+    p.add_argument("--exclusive-timing", action="store_true",
+                   help="clients learn one after another, so each client's CPU seconds are measured without "
+                        "its own job's other ranks competing for the cores (same model and messages)")
+
+
+def add_ngm_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--model-family ngm`` flags of ``mpifc train``, in their own group."""
+    g = p.add_argument_group("FedNGM (--model-family ngm)")
+    g.add_argument("--min-clients", type=int, default=1, metavar="K",
+                   help="release rule: refuse to release the global graph/model below K clients")
+    g.add_argument("--lam", type=float, default=1.0, help="weight of the graph-constrained path norm (eq. 1)")
+    g.add_argument("--epochs", type=int, default=50, help="epochs of every NGM (clients and global)")
+    g.add_argument("--hidden", type=functools.partial(comma_ints, flag="--hidden"), default=(32, 32),
+                   metavar="H1,H2", help="hidden layer widths")
+    g.add_argument("--batch-size", type=int, default=256)
+    g.add_argument("--lr", type=float, default=2e-2)
+    g.add_argument("--calib-rows", type=int, default=1000, help="rows each NGM calibrates its sampler on")
+    g.add_argument("--samples", type=int, default=10_000, help="samples the master draws from client NGMs in all")
+    g.add_argument("--proportional", action="store_true",
+                   help="draw samples in proportion to client sizes instead of equally")
+    g.add_argument("--public", default=None, metavar="DIR",
+                   help="public data for the extra term of eq. 3: a shard directory whose test.h5 the master reads")
+    g.add_argument("--graph-alpha", type=float, default=0.05, help="graphical lasso penalty of the local graphs")
+    g.add_argument("--stitch-hidden", type=int, default=0,
+                   help="hidden units per layer a client adds to stitch its extra features (0 = no stitching)")
+    g.add_argument("--features", default=None, metavar="A,B,...",
+                   help="model only these shard columns (every client must hold them); default: all")
+    g.add_argument("--save-local", default=None, metavar="DIR",
+                   help="each client also writes its own local NGM to DIR/client-<i>.h5")
+    g.add_argument("--folds", type=int, default=1, help="with --fold: clients hold out 1/FOLDS of their rows")
+    g.add_argument("--fold", type=int, default=None, help="which fold clients hold out (for cross-validation)")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``mpifc train``: FedPC's, ``--model-family`` and the FedNGM group."""
+    add_fedpc_train_arguments(p)
+    p.add_argument("--model-family", default="fc", choices=FAMILIES,
+                   help="fc: federated circuits (FedPC); ngm: FedNGM (flags in the FedNGM group)")
+    add_ngm_train_arguments(p)
+
+
+def train_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The FedPC training settings of parsed flags (checked; UserError names the flag)."""
+    hp = parse_kv(args.hp, "--hp")
+    if args.threshold is not None:
+        hp["threshold"] = args.threshold
+    if args.min_instances_slice is not None:
+        hp["min_instances_slice"] = args.min_instances_slice
+    if getattr(args, "cluster_without_target", False):
+        hp[CLUSTER_WITHOUT_TARGET] = True  # a plan hyperparameter: sent with the plan, never to a learner
+    learners = {}
+    for k, v in parse_kv(args.client_learner, "--client-learner").items():
+        if v not in learner_names():
+            raise UserError(f"--client-learner {k}={v}: unknown learner; known: {', '.join(learner_names())}")
+        learners[int(k)] = v
+    if args.assign == "tree" and args.servers < 1:
+        raise UserError("--assign tree needs --servers S with S >= 1")
+    return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": args.glue,
+            "clusters": args.clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
+            "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
+            "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
+            "exclusive_timing": bool(args.exclusive_timing)}
+
+
+def ngm_train_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The FedNGM training settings of parsed flags."""
+    return {"dir": str(args.dir), "model": str(args.model), "seed": int(args.seed), "min_clients": args.min_clients,
+            "lam": args.lam, "epochs": args.epochs, "hidden": list(args.hidden), "batch_size": args.batch_size,
+            "lr": args.lr, "calib_rows": args.calib_rows, "samples": args.samples,
+            "proportional": bool(args.proportional), "public": args.public, "graph_alpha": args.graph_alpha,
+            "stitch_hidden": args.stitch_hidden, "save_local": args.save_local, "folds": args.folds,
+            "fold": args.fold,
+            "features": [n.strip() for n in args.features.split(",") if n.strip()] if args.features else None}
+
+
+def train_main(args: argparse.Namespace) -> int:
+    """Handler of ``mpifc train``; returns the exit code."""
+    if getattr(args, "model_family", "fc") == "ngm":
+        from mpifc.ngm.shard_jobs import train
+
+        return train(ngm_train_config(args), deadline=args.deadline, ledger=args.ledger, as_json=args.json)
+    from mpifc.fedpc.job import train
+
+    cfg = train_config(args)
+    cfg["json"] = bool(args.json)
+    return train(cfg, deadline=args.deadline, ledger=args.ledger)

@@ -1,0 +1,138 @@
+"""The FedPC ``train`` and ``evaluate`` jobs: what every rank of ``mpifc train/evaluate`` runs.
+
+:func:`train` and :func:`evaluate` take a plain settings dict (built by :mod:`mpifc.cli.train`
+and :mod:`mpifc.cli.evaluate` from the flags, or by a script) and run the job on every rank of
+``COMM_WORLD``. Bad input exits with code 2 and a one-line message naming the client, rank,
+feature or file; no model file is left half-written.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mpifc.errors import UserError
+from mpifc.federated.one_pass import clusters_without_target
+
+
+# -- train ---------------------------------------------------------------------------------------
+def _train_job(ctx: Any) -> int:
+    from data_prep.shards import load_manifest
+    from mpifc.fedpc.train import train_rank
+
+    cfg = ctx.config
+    audit = _install_audit(ctx, cfg, load_manifest(cfg["dir"]), train=True)
+    summary = train_rank(ctx, cfg, load_manifest(cfg["dir"]))
+    if audit is not None:
+        audit.write(cfg["audit"])
+    if summary is not None and cfg.get("json"):
+        print(json.dumps(summary), flush=True)
+    return 0
+
+
+def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None) -> int:
+    """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
+
+    Args:
+        cfg: the settings (``dir``, ``learner``, ``client_learners``, ``glue``, ``clusters``,
+            ``products``, ``seed``, ``hyperparameters``, ``model``, ``assign``, ``servers``,
+            ``audit``, ``refine``, ``em_iters``, ``em_initial_model``, ``exclusive_timing``,
+            ``json``), as :func:`mpifc.cli.train.train_config` builds them.
+        deadline: seconds any single send or receive may wait.
+        ledger: where rank 0 writes the per-message ledger CSV.
+    """
+    from data_prep.shards import load_manifest
+    from mpifc.runtime.job import run_job
+
+    m = load_manifest(cfg["dir"])
+    if clusters_without_target(cfg["hyperparameters"]) and m.target is None:
+        raise UserError(f"--cluster-without-target: the manifest of {cfg['dir']} names no target column")
+    n_servers = 1 + (int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0)
+    return run_job(_train_job, config=cfg, servers=n_servers, min_clients=m.n_clients,
+                   deadline=deadline, ledger_csv=ledger)
+
+
+# -- evaluate ------------------------------------------------------------------------------------
+def _evaluate_job(ctx: Any) -> int:
+    from data_prep.shards import load_manifest
+    from mpifc.fedpc.evaluate import evaluate_rank
+    from mpifc.fedpc.mpe import query_rank
+
+    cfg = ctx.config
+    audit = _install_audit(ctx, cfg, load_manifest(cfg["dir"]), train=False)
+    # ll: likelihoods and conditionals; mpe / sample: the max-product and sampling passes
+    result = evaluate_rank(ctx, cfg) if cfg.get("query", "ll") == "ll" else query_rank(ctx, cfg)
+    if audit is not None:
+        audit.write(cfg["audit"])
+    if ctx.rank == 0:
+        ctx.config["_result"] = result
+    return 0
+
+
+def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+             as_json: bool = False) -> int:
+    """Evaluate a trained FC (distributed or gathered) as an MPI job; returns the exit code.
+
+    Args:
+        cfg: the settings (``dir``, ``model``, ``distributed``, ``evidence``, ``batch``,
+            ``output_npz``, ``audit``, ``query_rows``, ``query``, ``n_samples``, ``seed``,
+            ``out``), as :func:`mpifc.cli.evaluate.evaluate_config` builds them.
+        deadline: seconds any single send or receive may wait.
+        ledger: where rank 0 writes the per-message ledger CSV.
+        as_json: rank 0 prints the metrics as one JSON line.
+    """
+    from mpifc.federated.serialize import load_fc
+    from mpifc.runtime.job import run_job
+
+    if cfg["batch"] < 1:
+        raise UserError(f"--batch must be >= 1, got {cfg['batch']}")
+    if cfg.get("query_rows") is not None and cfg["query_rows"] < 1:
+        raise UserError(f"--query-rows must be >= 1, got {cfg['query_rows']}")
+    fc = load_fc(cfg["model"], load_models=False)
+    need = max(fc.ranks()) + 1 if cfg["distributed"] else 1
+    if cfg.get("query") == "sample" and cfg["n_samples"] < 1:
+        raise UserError(f"--n-samples must be >= 1, got {cfg['n_samples']}")
+
+    def on_ledger(table: Any) -> None:
+        result = cfg.get("_result") or {}
+        rows = table.rows
+        phases = [table.phases[p] for p in rows["phase"].tolist()]
+        q = [i for i, ph in enumerate(phases) if ph in ("query", "query-setup")]
+        result["bytes_query"] = int(rows["payload_bytes"][q].sum() + rows["header_bytes"][q].sum())
+        result["messages"] = len(q)
+        result["ranks"] = int(table.sent.shape[0])
+        if as_json:
+            print(json.dumps(result), flush=True)
+
+    def job(ctx: Any) -> int:
+        ctx.config = cfg  # share one dict so on_ledger sees rank 0's result
+        return _evaluate_job(ctx)
+
+    return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline,
+                   ledger_csv=ledger, on_ledger=on_ledger)
+
+
+# -- audit ---------------------------------------------------------------------------------------
+def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) -> Any:
+    if not cfg.get("audit"):
+        return None
+    from data_prep.shards import read_client
+    from mpifc.federated.assign import client_rank_map
+    from mpifc.fedpc.audit import SendAudit
+
+    audit = SendAudit(ctx.rank)
+    n_servers = int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0
+    if not train:
+        from mpifc.federated.serialize import load_fc
+
+        ranks = {c.index: c.rank for c in load_fc(cfg["model"], load_models=False).clients.values()}
+    else:
+        ranks = client_rank_map(range(manifest.n_clients), n_servers)
+    client_of = {r: c for c, r in ranks.items()}
+    if ctx.rank in client_of:
+        shard = read_client(cfg["dir"], client_of[ctx.rank])
+        audit.protect(shard.x_train)
+        audit.protect(shard.x_test)
+    audit.install(ctx.transport)
+    Path(cfg["audit"]).mkdir(parents=True, exist_ok=True)
+    return audit
