@@ -202,7 +202,7 @@ class TrainedFedPC:
 
 def train_fedpc(blocks: Sequence[ClientBlock], schema: Schema, cfg: FedPCConfig) -> TrainedFedPC:
     """Algorithm 1 in one process; the uplink is measured from the arrays a client would send."""
-    from mpifc.federated.serialize import model_to_bytes
+    from mpifc.federated.wire_format import model_to_bytes
 
     pairs = fedpc_declarations(blocks, schema, cfg.label_from)
     builder = OnePassBuilder(n_clusters=cfg.n_clusters, n_products=max(cfg.n_products, cfg.n_clusters),

@@ -65,7 +65,7 @@ def fedpc_bytes(shards: Path, model: Path, ledger: Path, glue: str, setting: str
     kinds = FEDPC_KINDS + (("fc.train.cluster_ids",) if glue == "cooccurrence" else ())
     counted = ledger_bytes(ledger, kinds)
     every = ledger_bytes(ledger)
-    from mpifc.federated.serialize import model_to_bytes
+    from mpifc.federated.wire_format import model_to_bytes
 
     fc = load_fc(model)
     sizes = [cc.model_array_bytes(n.leaf.model) for n in fc.leaves]

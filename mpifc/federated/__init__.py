@@ -10,5 +10,6 @@
 * :mod:`~mpifc.federated.fcdt` — FC[DT], decision trees averaged at the root.
 * :mod:`~mpifc.federated.learners` — learner registry (``learnspn``, ``ratspn``, ``einet``, ``dt``,
   ``factorized``); :mod:`~mpifc.federated.factorized` — the factorised test model.
-* :mod:`~mpifc.federated.serialize` — the HDF5 model file (atomic writes).
+* :mod:`~mpifc.federated.serialize` — the HDF5 model file (atomic writes);
+  :mod:`~mpifc.federated.wire_format` — the compact format a leaf model travels in.
 """

@@ -65,7 +65,7 @@ def _leaf_ids(fc: FederatedCircuit) -> list[int]:
 def pooled_server_em(ctx: Any, cfg: dict[str, Any], fc: FederatedCircuit, ranks: dict[int, int]) -> list[float]:
     """Server side (rank 0): broadcast parameters, reduce the sums' statistics, M-step the sums,
     collect the refined leaves. Returns the pooled mean train log-likelihood before each step."""
-    from mpifc.federated.serialize import model_from_bytes
+    from mpifc.federated.wire_format import model_from_bytes
 
     check_em_supported(fc)
     t = ctx.transport
@@ -90,7 +90,7 @@ def pooled_server_em(ctx: Any, cfg: dict[str, Any], fc: FederatedCircuit, ranks:
 def pooled_client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any) -> None:
     """Client side: local E-step for every node on this client's rows; reduce the statistics of
     its own leaves over all clients; M-step them; send them to the server."""
-    from mpifc.federated.serialize import model_to_bytes
+    from mpifc.federated.wire_format import model_to_bytes
 
     t = ctx.transport
     me = ctx.rank

@@ -13,8 +13,8 @@ Protocol (all messages to or from rank 0, phases as named in the ledger):
   unsigned dtype holding K - 1, uint8 for K <= 256). The server assembles the FC and infers
   every weight from the counts (lines 8-22), then applies ψ and validates it.
 * ``gather``: clients send each PC in the compact wire format (``fc.train.model``,
-  :func:`~mpifc.federated.serialize.model_to_bytes`) and their timings; the server keeps them
-  decoded but not rebuilt (:class:`~mpifc.federated.serialize.WireModel`: it never evaluates a
+  :func:`~mpifc.federated.wire_format.model_to_bytes`) and their timings; the server keeps them
+  decoded but not rebuilt (:class:`~mpifc.federated.wire_format.WireModel`: it never evaluates a
   leaf), writes ONE model file atomically and tells everyone it is done.
 
 Timing: every figure is busy time of a phase, measured as this process's CPU seconds
@@ -62,7 +62,8 @@ from mpifc.federated.one_pass import (
     run_client_tasks,
     unpack_cluster_ids,
 )
-from mpifc.federated.serialize import model_from_bytes, model_to_bytes, save_fc
+from mpifc.federated.serialize import save_fc
+from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
 from mpifc.fedpc import protocol as P
 from mpifc.fedpc.data import read_client_data
 
@@ -148,7 +149,7 @@ def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
             try:
                 model = fit_leaf(name, x, ["real", "real", "discrete", "categorical"], 0, n_categories=[0, 0, 2, 3],
                                  **hp)
-                from mpifc.federated.serialize import model_to_bytes
+                from mpifc.federated.wire_format import model_to_bytes
 
                 model_to_bytes(model)
             except Exception:  # noqa: BLE001 - warm-up is best effort; the real call reports errors

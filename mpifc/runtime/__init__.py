@@ -5,6 +5,7 @@ It knows nothing of circuits: FedPC (:mod:`mpifc.fedpc`), FedAvg, SplitNN and Fe
 Modules (one reason to change each):
   kinds      registry of named message kinds and their payload classes (ids = MPI tags)
   wire       the typed header that precedes every payload
+  payload    arrays, tensors and pickled objects as payload bytes, and back
   transport  send/recv of arrays, tensors and small objects, with deadlines
   watchdog   the thread that enforces deadlines of waits done inside MPI
   bufpool    recycled buffers for large receives (2 MiB-aligned huge pages where the OS has them)

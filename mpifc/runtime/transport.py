@@ -57,6 +57,7 @@ from mpi4py import MPI
 
 from mpifc.runtime import wire
 from mpifc.runtime.bufpool import RecvBufferPool
+from mpifc.runtime.payload import CODE_DTYPES_BF16, as_array, byte_view, decode, to_wire_array
 from mpifc.runtime.kinds import MessageKind, as_kind
 from mpifc.runtime.ledger import CommLedger
 from mpifc.runtime.watchdog import new_guard
@@ -64,9 +65,6 @@ from mpifc.runtime.watchdog import new_guard
 INLINE_MAX_BYTES = 16 * 1024
 CHUNK_BYTES = 1 << 30           # keeps each MPI count far below 2**31 - 1
 MAX_PICKLE_BYTES = 64 << 20     # send_obj is for control messages; arrays go through send()
-
-_BF16_CODE = 15                 # dtype code of torch.bfloat16 (carried as uint16 bits)
-
 
 class DeadlineExceeded(RuntimeError):
     """A send or receive waited longer than the transport's deadline.
@@ -91,58 +89,6 @@ _MAGIC = wire.MAGIC
 _VERSION = wire.VERSION
 _T_SEND = struct.Struct("<d")  # a header's send time, at byte 16
 _INF = float("inf")
-
-
-def _is_torch(x: Any) -> bool:
-    # Checking the type's module avoids importing torch (seconds) in jobs that never use it.
-    return type(x).__module__.startswith("torch")
-
-
-def to_wire_array(x: Any) -> tuple[np.ndarray, int, int]:
-    """A C-contiguous numpy view/copy of ``x``, its dtype code and extra flags.
-
-    Accepts numpy arrays and scalars, anything ``np.asarray`` turns into a numeric array, and
-    torch tensors (any device; bfloat16 travels as its uint16 bits).
-    """
-    flags = 0
-    if type(x) is np.ndarray and x.flags.c_contiguous:
-        code = wire.DTYPE_CODES.get(x.dtype)
-        if code is not None and x.ndim <= wire.MAX_NDIM:
-            return x, code, 0
-    if _is_torch(x):
-        import torch
-
-        t = x.detach()
-        if t.is_conj():
-            t = t.resolve_conj()
-        if t.is_neg():
-            t = t.resolve_neg()
-        if t.dtype == torch.bfloat16:
-            arr = t.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
-            return _contiguous(arr), _BF16_CODE, wire.FLAG_BF16
-        arr = t.cpu().contiguous().numpy()
-    else:
-        arr = np.asarray(x)
-    if not arr.dtype.isnative:
-        arr = arr.astype(arr.dtype.newbyteorder("="))
-    code = wire.DTYPE_CODES.get(arr.dtype)
-    if code is None:
-        raise TypeError(f"cannot send an array of dtype {arr.dtype}: use send_obj for Python objects")
-    if arr.ndim > wire.MAX_NDIM:
-        raise ValueError(f"cannot send an array of {arr.ndim} dimensions (max {wire.MAX_NDIM})")
-    return _contiguous(arr), code, flags
-
-
-def _contiguous(arr: np.ndarray) -> np.ndarray:
-    # np.ascontiguousarray turns 0-d arrays into 1-d ones, so copy only when needed.
-    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-
-
-def _byte_view(arr: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array, writable when the array is (0-d and empty work too)."""
-    if arr.size == 0:
-        return memoryview(b"")
-    return memoryview(arr).cast("B")
 
 
 @dataclass
@@ -336,14 +282,14 @@ class Transport:
             buf = bytearray(hlen + nbytes)
             wire.pack_header(buf, code, arr.shape, flags | wire.FLAG_INLINE, kind.kind_id, 0, t_send, nbytes)
             if nbytes:
-                buf[hlen:] = _byte_view(arr)
+                buf[hlen:] = byte_view(arr)
             reqs = [self.comm.Isend([buf, len(buf), MPI.BYTE], dest, tag)]
             buffers: list[Any] = [buf]
         else:
             n_chunks = -(-nbytes // self.chunk_bytes)
             buf = bytearray(hlen)
             wire.pack_header(buf, code, arr.shape, flags, kind.kind_id, n_chunks, t_send, nbytes)
-            view = _byte_view(arr)
+            view = byte_view(arr)
             reqs = [self.comm.Isend([buf, hlen, MPI.BYTE], dest, tag)]
             for c in range(n_chunks):
                 lo = c * self.chunk_bytes
@@ -375,10 +321,10 @@ class Transport:
             f = out.flags
             if f.c_contiguous and f.writeable:
                 value, flags = self._recv_preposted(source, k, out)
-                return value if not flags & (wire.FLAG_PICKLE | wire.FLAG_BF16) else self._as_array(value, flags, k)
+                return value if not flags & (wire.FLAG_PICKLE | wire.FLAG_BF16) else as_array(value, flags, k)
         value, flags = self._recv_posted(source, k, out)
         if flags & (wire.FLAG_PICKLE | wire.FLAG_BF16):
-            return self._as_array(value, flags, k)
+            return as_array(value, flags, k)
         return value
 
     def recv_tensor(self, source: int, kind: MessageKind | str, device: Any = None) -> Any:
@@ -398,7 +344,7 @@ class Transport:
     def recv_obj(self, source: int, kind: MessageKind | str) -> Any:
         """Receive the next ``kind`` message from ``source``: the object (or array) sent."""
         value, flags = self._recv_posted(source, as_kind(kind), None)
-        return self._decode(value, flags)
+        return decode(value, flags)
 
     def recv_any(self, kind: MessageKind | str, sources: Iterable[int] | None = None) -> tuple[int, Any]:
         """Receive the next ``kind`` message from any rank (or any of ``sources``).
@@ -409,10 +355,10 @@ class Transport:
         k = as_kind(kind)
         if sources is None:
             value, flags, src = self._recv_posted(MPI.ANY_SOURCE, k, None, want_source=True)
-            return src, self._decode(value, flags)
+            return src, decode(value, flags)
         srcs = list(sources)
         src, _, value, flags = self._recv_probed([(s, k) for s in srcs], lambda: self._waiting_for(srcs, [k]))
-        return src, self._decode(value, flags)
+        return src, decode(value, flags)
 
     def recv_any_kind(self, kinds: Iterable[MessageKind | str], sources: Iterable[int] | None = None
                       ) -> tuple[int, MessageKind, Any]:
@@ -425,7 +371,7 @@ class Transport:
         srcs = None if sources is None else list(sources)
         pairs = [(s, k) for k in ks for s in (srcs if srcs is not None else [MPI.ANY_SOURCE])]
         src, k, value, flags = self._recv_probed(pairs, lambda: self._waiting_for(srcs, ks))
-        return src, k, self._decode(value, flags)
+        return src, k, decode(value, flags)
 
     def try_recv(self, source: int, kind: MessageKind | str) -> tuple[bool, Any]:
         """Non-blocking: ``(True, value)`` if a ``kind`` message from ``source`` had arrived (it is
@@ -439,7 +385,7 @@ class Transport:
         count = status.Get_count(MPI.BYTE)
         msg.Recv([self._hbuf, count, MPI.BYTE])
         value, flags = self._take_payload(count, source, k, None)
-        return True, self._decode(value, flags)
+        return True, decode(value, flags)
 
     def flush(self) -> None:
         """Wait (deadline-bounded) until every send to this rank itself has been received."""
@@ -852,7 +798,7 @@ class Transport:
                 if not req.Test(statuses[0]):
                     self._block([req], statuses, describe)
         else:
-            view = _byte_view(arr)
+            view = byte_view(arr)
             reqs = [comm.Irecv([view[c * chunk: (c + 1) * chunk], min(chunk, max(nbytes - c * chunk, 0)), _BYTE],
                                src, tag) for c in range(n_chunks)]
             statuses = [MPI.Status() for _ in reqs]
@@ -922,22 +868,4 @@ class Transport:
         if not MPI.Request.Testall(reqs, statuses) or any(st.Is_cancelled() for st in statuses):
             raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
 
-    @staticmethod
-    def _as_array(value: np.ndarray, flags: int, kind: MessageKind | str) -> np.ndarray:
-        if flags & wire.FLAG_PICKLE:
-            raise TypeError(f"{as_kind(kind).name!r}: expected an array, got a pickled object (use recv_obj)")
-        if flags & wire.FLAG_BF16:
-            # bfloat16 bits are the top half of a float32.
-            return (value.astype(np.uint32) << 16).view(np.float32)
-        return value
-
-    @staticmethod
-    def _decode(value: np.ndarray, flags: int) -> Any:
-        if flags & wire.FLAG_PICKLE:
-            return pickle.loads(value.tobytes() if not value.flags.c_contiguous else memoryview(value))
-        return Transport._as_array(value, flags, "")
-
-
-CODE_DTYPES_BF16 = {_BF16_CODE: np.dtype(np.uint16)}
-
-__all__ = ["Transport", "DeadlineExceeded", "PendingSend", "to_wire_array", "INLINE_MAX_BYTES", "CHUNK_BYTES"]
+__all__ = ["Transport", "DeadlineExceeded", "PendingSend", "INLINE_MAX_BYTES", "CHUNK_BYTES"]

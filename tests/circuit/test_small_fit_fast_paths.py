@@ -18,7 +18,7 @@ from mpifc.circuit import learnspn
 from mpifc.circuit.leaves import LEAF_TYPES, FixedBins, Leaf, PiecewiseLinear, piecewise_fit_fixed_columns
 from mpifc.circuit.spn import _small_uint, save_graph
 from mpifc.errors import UserError
-from mpifc.federated.serialize import WireGroup, model_to_bytes
+from mpifc.federated.wire_format import WireGroup, model_to_bytes
 
 _GEOMETRY = ("edges", "widths", "pw_edges", "pw_widths", "knots", "knot_steps")
 
@@ -203,7 +203,7 @@ def test_leaf_node_sets_what_the_generic_node_sets() -> None:
 def test_wire_reader_rejects_every_truncated_header() -> None:
     """The header reader's inlined varint/byte reads stop at the header's end like before: every
     cut of a blob inside its header (or data) is a clean UserError, the whole blob decodes."""
-    from mpifc.federated.serialize import model_from_bytes, wire_overhead
+    from mpifc.federated.wire_format import model_from_bytes, wire_overhead
 
     rng = np.random.default_rng(2)
     x = np.column_stack([rng.normal(size=200), rng.integers(0, 2, 200)]).astype(np.float64)

@@ -16,7 +16,8 @@ from mpifc.federated.evaluate import (
     sample,
 )
 from mpifc.federated.one_pass import OnePassBuilder, build_single_process
-from mpifc.federated.serialize import load_fc, model_from_bytes, model_to_bytes, save_fc
+from mpifc.federated.serialize import load_fc, save_fc
+from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
 
 from tests.federated.fixtures import FEATURES, all_binary, binary_table, split
 
@@ -205,7 +206,7 @@ def _learned_models():
 def test_wire_format_exact_roundtrip_and_overhead(tmp_path):
     import h5py
 
-    from mpifc.federated.serialize import WireModel, wire_overhead
+    from mpifc.federated.wire_format import WireModel, wire_overhead
 
     x, models = _learned_models()
     for m in models:
@@ -263,7 +264,7 @@ def test_wire_format_round_trips_every_attribute_and_dataset_kind():
     """Anything a model writer may put in a group comes back with its dtype, shape and bits:
     strings in and out of the format's table, typed scalars, numeric and string arrays,
     non-native byte order, empty and 0-d datasets, nested groups, member order."""
-    from mpifc.federated.serialize import WireGroup, WireModel, wire_overhead
+    from mpifc.federated.wire_format import WireGroup, WireModel, wire_overhead
 
     g = WireGroup()
     g.attrs["model_type"] = "spn"
@@ -283,7 +284,7 @@ def test_wire_format_round_trips_every_attribute_and_dataset_kind():
 
     class Saved:
         def save(self, group):
-            from mpifc.federated.serialize import _copy_wire
+            from mpifc.federated.wire_format import _copy_wire
 
             _copy_wire(g, group)
 

@@ -1,0 +1,200 @@
+"""The :class:`Leaf` base class, the batched interface every leaf family implements, and shared helpers."""
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+import torch
+
+from mpifc.errors import UserError
+
+
+LOG_ZERO = -1e30
+"""Log-probability used for impossible values (nats); ``exp`` underflows to exactly 0."""
+
+MIN_FLOW = 1e-12
+"""A leaf or sum node whose total expected count is below this keeps its old parameters in EM."""
+
+Params = dict[str, torch.Tensor]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+_BIG = 1e150
+"""Deviations from the mean are clamped to +-_BIG in EM statistics (squares stay finite)."""
+
+
+def _as_tensor(x: Any, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=dtype)
+
+
+def _safe_log(p: torch.Tensor) -> torch.Tensor:
+    return torch.log(p).clamp_min(LOG_ZERO)
+
+
+def _finish(lp: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Floor at LOG_ZERO, replace NaN results by LOG_ZERO, and marginalise NaN inputs to 0."""
+    lp = torch.nan_to_num(lp, nan=LOG_ZERO, neginf=LOG_ZERO).clamp_min(LOG_ZERO)
+    return torch.where(torch.isnan(x), torch.zeros_like(lp), lp)
+
+
+def _clean_values(values: Any, weights: Any | None) -> tuple[np.ndarray, np.ndarray]:
+    """Drop NaN values; return (values, weights) as float64 1-D arrays."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape != v.shape:
+        raise UserError(f"leaf fit: weights shape {w.shape} != values shape {v.shape}")
+    if np.any(~np.isfinite(w)) or np.any(w < 0):
+        raise UserError("leaf fit: weights must be finite and >= 0")
+    keep = ~np.isnan(v)
+    return v[keep], w[keep]
+
+
+class Leaf:
+    """Base class: a univariate distribution with batched, log-space maths.
+
+    Subclasses set ``type_name`` (stable string used in HDF5), ``param_names`` (storage order),
+    ``learnable`` (parameters counted by ``num_parameters`` and updated by EM) and ``ragged``
+    (vector parameters; padded with ``pad`` values when stacked).
+    """
+
+    type_name: ClassVar[str] = ""
+    param_names: ClassVar[tuple[str, ...]] = ()
+    learnable: ClassVar[tuple[str, ...]] = ()
+    ragged: ClassVar[tuple[str, ...]] = ()
+    pad: ClassVar[dict[str, float]] = {}
+    em_trainable: ClassVar[bool] = True
+
+    _p: dict[str, np.ndarray]
+
+    # -- parameter storage -------------------------------------------------------------------
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Copies of all parameters (learnable and hyper-parameters) as float64 arrays."""
+        return {k: self._p[k].copy() for k in self.param_names}
+
+    @classmethod
+    def from_params(cls, params: dict[str, np.ndarray]) -> "Leaf":
+        """Rebuild a leaf from :meth:`params` output, bit-exactly, without re-validation."""
+        obj = cls.__new__(cls)
+        obj._p = {k: np.array(params[k], dtype=np.float64) for k in cls.param_names}
+        return obj
+
+    def num_parameters(self) -> int:
+        """Number of learnable scalars."""
+        return int(sum(self._p[k].size for k in self.learnable))
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}={np.array2string(self._p[k], precision=4)}" for k in self.learnable)
+        return f"{type(self).__name__}({parts})"
+
+    @classmethod
+    def stack(cls, leaves: Sequence["Leaf"], dtype: torch.dtype = torch.float64) -> Params:
+        """Stack ``n`` leaves of this type into batched parameters.
+
+        Scalars become ``(n,)``; ragged vectors become ``(n, max_len)`` padded with ``cls.pad``,
+        and their lengths are stored under ``"len_<name>"`` as int64 ``(n,)``.
+        """
+        P: Params = {}
+        for k in cls.param_names:
+            arrs = [lf._p[k] for lf in leaves]
+            if k in cls.ragged:
+                m = max(a.size for a in arrs)
+                buf = np.full((len(arrs), m), cls.pad.get(k, 0.0))
+                for i, a in enumerate(arrs):
+                    buf[i, : a.size] = a
+                P[k] = torch.as_tensor(buf, dtype=dtype)
+                P["len_" + k] = torch.as_tensor([a.size for a in arrs], dtype=torch.int64)
+            else:
+                P[k] = torch.as_tensor(np.array([float(a) for a in arrs]), dtype=dtype)
+        return P
+
+    @classmethod
+    def unstack(cls, P: Params) -> list["Leaf"]:
+        """Inverse of :meth:`stack` (float64 leaves)."""
+        n = next(iter(P.values())).shape[0]
+        out = []
+        for i in range(n):
+            d = {}
+            for k in cls.param_names:
+                v = P[k][i].detach().to(torch.float64).cpu().numpy()
+                if k in cls.ragged:
+                    v = v[: int(P["len_" + k][i])]
+                d[k] = np.array(v, dtype=np.float64)
+            out.append(cls.from_params(d))
+        return out
+
+    # -- batched maths (overridden) ----------------------------------------------------------
+
+    @classmethod
+    def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def batch_mode(cls, P: Params) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    @classmethod
+    def batch_em_stats(cls, P: Params, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Default (EM-frozen types): only the total flow ``N`` ``(n,)``."""
+        return {"N": _flow(x, w).sum(0)}
+
+    @classmethod
+    def batch_m_step(cls, P: Params, stats: dict[str, torch.Tensor], step_size: float) -> Params:
+        return dict(P)
+
+    # -- single-leaf convenience -------------------------------------------------------------
+
+    def _P(self) -> Params:
+        return type(self).stack([self])
+
+    def log_prob(self, x: Any) -> torch.Tensor:
+        """Log-density/mass of values ``x`` ``(batch,)`` in nats, NaN -> 0. Returns ``(batch,)``."""
+        xt = _as_tensor(x).reshape(-1, 1)
+        return type(self).batch_log_prob(self._P(), xt)[:, 0]
+
+    def mode(self) -> float:
+        """A most probable value."""
+        return float(type(self).batch_mode(self._P())[0])
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` independent draws, float64 ``(n,)``."""
+        return type(self).batch_sample(self._P(), np.zeros(n, dtype=np.int64), rng)
+
+    def em_statistics(self, x: Any, weights: Any | None = None) -> dict[str, np.ndarray]:
+        """EM hook: expected sufficient statistics of values ``x`` ``(batch,)`` with responsibilities
+        ``weights`` ``(batch,)`` (default 1). Additive over samples."""
+        xt = _as_tensor(x).reshape(-1, 1)
+        wt = torch.ones_like(xt) if weights is None else _as_tensor(weights).reshape(-1, 1)
+        st = type(self).batch_em_stats(self._P(), xt, wt)
+        return {k: v[0].numpy().copy() for k, v in st.items()}
+
+    def em_update(self, stats: dict[str, np.ndarray], step_size: float = 1.0) -> None:
+        """M-step in place from :meth:`em_statistics` output."""
+        st = {k: torch.as_tensor(np.asarray(v, dtype=np.float64))[None] for k, v in stats.items()}
+        newP = type(self).batch_m_step(self._P(), st, step_size)
+        self._p = type(self).unstack(newP)[0]._p
+
+    @classmethod
+    def fit(cls, values: Any, weights: Any | None = None, **hp: Any) -> "Leaf":
+        """Weighted maximum-likelihood (with smoothing/floors) from ``values`` ``(n,)``; NaN ignored."""
+        raise NotImplementedError
+
+
+def _flow(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Responsibilities with NaN (marginalised) entries zeroed: they carry no information."""
+    return torch.where(torch.isnan(x), torch.zeros_like(w), w)
+
+
+def _mix(old: torch.Tensor, new: torch.Tensor, ok: torch.Tensor, step: float) -> torch.Tensor:
+    """``(1-step)*old + step*new`` where ``ok``, else ``old`` (guards empty leaves)."""
+    while ok.dim() < new.dim():
+        ok = ok[..., None]
+    upd = old + step * (new - old) if step != 1.0 else new
+    return torch.where(ok, upd, old)
