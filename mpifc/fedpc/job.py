@@ -7,9 +7,8 @@ feature or file; no model file is left half-written.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mpifc.errors import UserError
 from mpifc.federated.one_pass import clusters_without_target
@@ -25,12 +24,25 @@ def _train_job(ctx: Any) -> int:
     summary = train_rank(ctx, cfg, load_manifest(cfg["dir"]))
     if audit is not None:
         audit.write(cfg["audit"])
-    if summary is not None and cfg.get("json"):
-        print(json.dumps(summary), flush=True)
+    if summary is not None:
+        cfg["_summary"] = summary
     return 0
 
 
-def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None) -> int:
+def bytes_by_phase(table: Any, phases: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Payload and header bytes per ledger phase (all phases, or those in ``phases``), in the
+    order they first occur."""
+    rows = table.rows
+    out: dict[str, int] = {}
+    for ph, pb, hb in zip(rows["phase"].tolist(), rows["payload_bytes"].tolist(), rows["header_bytes"].tolist()):
+        name = table.phases[ph]
+        if phases is None or name in phases:
+            out[name] = out.get(name, 0) + int(pb + hb)
+    return out
+
+
+def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+          on_summary: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
 
     Args:
@@ -40,6 +52,8 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
             ``json``), as :func:`mpifc.cli.train.train_config` builds them.
         deadline: seconds any single send or receive may wait.
         ledger: where rank 0 writes the per-message ledger CSV.
+        on_summary: called on rank 0 with the training summary once every rank is done (it adds
+            ``bytes_by_phase`` and ``clients`` from the gathered ledger).
     """
     from data_prep.shards import load_manifest
     from mpifc.runtime.job import run_job
@@ -48,8 +62,20 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
     if clusters_without_target(cfg["hyperparameters"]) and m.target is None:
         raise UserError(f"--cluster-without-target: the manifest of {cfg['dir']} names no target column")
     n_servers = 1 + (int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0)
-    return run_job(_train_job, config=cfg, servers=n_servers, min_clients=m.n_clients,
-                   deadline=deadline, ledger_csv=ledger)
+
+    def on_ledger(table: Any) -> None:
+        summary = cfg.get("_summary")
+        if summary is not None and on_summary is not None:
+            summary["bytes_by_phase"] = bytes_by_phase(table)
+            summary["clients"] = m.n_clients
+            on_summary(summary)
+
+    def job(ctx: Any) -> int:
+        ctx.config = cfg  # one dict, so on_ledger sees rank 0's summary
+        return _train_job(ctx)
+
+    return run_job(job, config=cfg, servers=n_servers, min_clients=m.n_clients,
+                   deadline=deadline, ledger_csv=ledger, on_ledger=on_ledger)
 
 
 # -- evaluate ------------------------------------------------------------------------------------
@@ -70,7 +96,7 @@ def _evaluate_job(ctx: Any) -> int:
 
 
 def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
-             as_json: bool = False) -> int:
+             on_result: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Evaluate a trained FC (distributed or gathered) as an MPI job; returns the exit code.
 
     Args:
@@ -79,7 +105,8 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
             ``out``), as :func:`mpifc.cli.evaluate.evaluate_config` builds them.
         deadline: seconds any single send or receive may wait.
         ledger: where rank 0 writes the per-message ledger CSV.
-        as_json: rank 0 prints the metrics as one JSON line.
+        on_result: called on rank 0 with the metrics (with the query's bytes and messages from the
+            gathered ledger) once every rank is done.
     """
     from mpifc.federated.serialize import load_fc
     from mpifc.runtime.job import run_job
@@ -101,8 +128,8 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
         result["bytes_query"] = int(rows["payload_bytes"][q].sum() + rows["header_bytes"][q].sum())
         result["messages"] = len(q)
         result["ranks"] = int(table.sent.shape[0])
-        if as_json:
-            print(json.dumps(result), flush=True)
+        if on_result is not None:
+            on_result(result)
 
     def job(ctx: Any) -> int:
         ctx.config = cfg  # share one dict so on_ledger sees rank 0's result
@@ -136,3 +163,33 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
     audit.install(ctx.transport)
     Path(cfg["audit"]).mkdir(parents=True, exist_ok=True)
     return audit
+
+
+# -- query ---------------------------------------------------------------------------------------
+def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledger: str | None = None) -> int:
+    """Answer a user's rows with the distributed passes (``mpifc query --distributed``); returns
+    the exit code. The answer lands in ``cfg["_answer"]`` on rank 0.
+
+    Args:
+        cfg: ``model``, ``what``, ``target``, ``batch``, ``seed`` (see
+            :func:`mpifc.fedpc.user_query.query_rank`).
+        load_rows: called on rank 0 only, inside the job: returns the ``(n, D)`` model rows (it
+            reads and encodes the user's file, so only the querier ever sees it).
+        deadline: seconds any single send or receive may wait.
+        ledger: where rank 0 writes the per-message ledger CSV.
+    """
+    from mpifc.federated.serialize import load_fc
+    from mpifc.fedpc.user_query import query_rank
+    from mpifc.runtime.job import run_job
+
+    fc = load_fc(cfg["model"], load_models=False)
+    need = max(fc.ranks()) + 1
+
+    def job(ctx: Any) -> int:
+        rows = load_rows() if ctx.rank == 0 else None
+        answer = query_rank(ctx, cfg, rows)
+        if ctx.rank == 0:
+            cfg["_answer"] = answer
+        return 0
+
+    return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline, ledger_csv=ledger)

@@ -53,6 +53,9 @@ MAX_VALUES = register_kind("fc.query.max_values", "likelihood_vector",
 DECISIONS = register_kind("fc.query.decisions", "flow",
                           "parent rank -> child rank (MPE, sampling): per sample, whether each crossing node is "
                           "in the sample's induced tree (arg-max / sampled sum choices), uint8 (nodes * batch,)")
+QUERY_ROWS = register_kind("fc.query.rows", "control",
+                            "querier -> every rank of the circuit (mpifc query): how many rows, in batches of "
+                            "how many, and what is asked (no row values)")
 ANSWER = register_kind("fc.query.answer", "query_answer",
                        "client -> querier (MPE, sampling): the client's features of the answer, float64 "
                        "(batch, d_i); for MPE only entries missing from its evidence (observed ones NaN)")

@@ -65,7 +65,7 @@ from mpifc.federated.one_pass import (
 from mpifc.federated.serialize import save_fc
 from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
 from mpifc.fedpc import protocol as P
-from mpifc.fedpc.data import read_client_data
+from mpifc.fedpc.data import ClientData, read_client_data
 
 CLIENT_PHASES = ("read", "learn", "serialize", "em")
 
@@ -163,6 +163,12 @@ def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
             pass
 
 
+def fit_client(plan: FederationPlan, index: int, data: ClientData) -> ClientReport:
+    """Client ``index``'s part of Algorithm 1 on its own rows: its leaf PCs, counts and (with the
+    cooccurrence glue) cluster ids. The MPI job and :func:`mpifc.api.simulate` both call this."""
+    return run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
+
+
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     t = ctx.transport
     times = dict.fromkeys(CLIENT_PHASES, 0.0)
@@ -180,7 +186,7 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
             fit=True)
     ctx.ledger.set_phase("learn")
     with _clock(times, walls, "learn"):
-        report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
+        report = fit_client(plan, index, data)
     t.send(report.counts(), 0, P.COUNTS)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks):
         # the smallest unsigned dtype holding K - 1 (uint8 for K <= 256): 1 B per row, not 8
@@ -282,8 +288,13 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             t.send_obj(client_plan(plan, c), ranks[c], P.PLAN)
         warm_up({task.learner for task in plan.tasks} - {"dt"}, cluster=False)
         ctx.ledger.set_phase("learn")
+        t_learn = time.perf_counter()
         for c in sorted(ranks):
             reports.append(_recv_report(t, plan, c, ranks[c]))
+            if cfg.get("progress"):
+                _progress(f"client {c} (rank {ranks[c]}) learned {len(reports[-1].leaves)} PC(s) from its "
+                          f"{plan.declarations[c].n_rows} rows "
+                          f"[{len(reports)}/{len(ranks)} clients, {time.perf_counter() - t_learn:.1f} s]")
     with _clock(busy, walls, "assemble"):
         fc = builder.assemble(plan, reports, ranks)
         assign(fc, cfg["assign"], n_servers)
@@ -349,11 +360,27 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         "client_seconds_wall": {str(c): v for c, v in client_walls.items()},
         "server_seconds_wall": dict(walls),
     }
-    fc.meta.update(train=summary)
+    fc.meta.update(train=summary, codec=model_codec(manifest))
     save_fc(fc, cfg["model"])
     for c in sorted(ranks):
         t.send_obj("ok", ranks[c], P.DONE)
     return summary
+
+
+def _progress(line: str) -> None:
+    """One progress line on stderr (the summary goes to stdout), for runs a person watches."""
+    import sys
+
+    sys.stderr.write(f"mpifc train: {line}\n")
+    sys.stderr.flush()
+
+
+def model_codec(manifest: Any) -> dict[str, Any]:
+    """What turns a user's rows into model rows and back (:class:`data_prep.codec.RowCodec`),
+    from the shard set's manifest: the model file carries it, so queries need only the model."""
+    from data_prep.codec import RowCodec
+
+    return RowCodec.from_manifest(manifest.raw).to_json()
 
 
 def _recv_report(t: Any, plan: FederationPlan, c: int, rank: int) -> ClientReport:

@@ -186,7 +186,7 @@ def evaluate_rows(model: Any, x: np.ndarray, features: list[str], targets: list[
 
 
 def evaluate(directory: str, model_path: str, targets: list[str], client: int | None = None,
-             infer_steps: int | None = None, as_json: bool = False) -> int:
+             infer_steps: int | None = None, as_json: bool = False, quiet: bool = False) -> int:
     """Evaluate an NGM model file on shard test rows; prints one line (or JSON) per target.
 
     Args:
@@ -196,6 +196,7 @@ def evaluate(directory: str, model_path: str, targets: list[str], client: int | 
         client: evaluate on this client's own test rows instead of ``test.h5``.
         infer_steps: input-optimisation steps (``None``: the model's own).
         as_json: print one JSON line instead of one line per target.
+        quiet: print nothing.
     """
     from data_prep.shards import load_manifest, read_client, read_test
     from mpifc.ngm.inference import InferenceSettings
@@ -223,6 +224,8 @@ def evaluate(directory: str, model_path: str, targets: list[str], client: int | 
             raise UserError(f"--infer-steps must be >= 0, got {infer_steps}")
         settings = InferenceSettings(steps=infer_steps)
     records = evaluate_rows(model, x, features, targets, settings)
+    if quiet:
+        return 0
     if as_json:
         print(json.dumps({"on": where, "metrics": records}), flush=True)
     else:
