@@ -15,11 +15,16 @@ from mpifc.errors import UserError
 from .datasets import load_dataset
 from .partition import Partition, PartitionSpec, make_partition, stage_rng
 from .preprocess import Preprocessor
+from .transforms import MAX_LEVELS
 from .segments import segment_weights
 from .shards import ClientShard, TestSet
 from .table import RawTable
 
 DEFAULT_TEST_FRACTION = 0.2
+PREPROCESSING = f"levels{MAX_LEVELS}-autoscale"
+"""Names the default preprocessing of tables (level codes for columns with at most
+:data:`~data_prep.transforms.MAX_LEVELS` values, each real column's scale chosen on validation
+rows); experiments put it in their shard folders' names."""
 _GATHER_ROWS = 4096  # rows copied per step when building a shard (bounds the temporaries)
 
 
@@ -39,6 +44,8 @@ class PrepConfig:
     encode: str = "target"
     impute: bool = True
     standardize: bool | None = None
+    scale: str | None = None
+    max_levels: int | None = None
     test_fraction: float | None = None
     max_rows: int | None = None
     shared_features: int | None = None
@@ -242,12 +249,19 @@ def prepare_table(table: RawTable, config: PrepConfig) -> PreparedData:
         if config.max_rows < table.n_rows:
             table = table.take(stratified_pick(_groups(table), config.max_rows,
                                                stage_rng(config.seed, 6)))
+    if config.max_levels is not None and config.max_levels < 0:
+        raise UserError(f"--max-levels must be >= 0, got {config.max_levels}")
     train, test = split_train_test(table, config.test_fraction, config.seed)
     if train.size == 0:
         raise UserError(f"{table.name}: no training rows left (raise --max-rows)")
     standardize = table.standardize_default if config.standardize is None else config.standardize
+    # Tables get level codes for few-valued columns and a scale chosen per real column; image
+    # pixels keep their levels (or, with --standardize, plain standardisation).
+    tabular = table.image_shape is None
+    scale = config.scale if config.scale is not None else ("auto" if tabular else "standardize")
+    max_levels = config.max_levels if config.max_levels is not None else (MAX_LEVELS if tabular else 0)
     pre = Preprocessor.fit(table, train, encode=config.encode, impute=config.impute,
-                           standardize=standardize)
+                           standardize=standardize, scale=scale, max_levels=max_levels, seed=config.seed)
     weights = matches = None
     if config.split == "segment" and config.setting in ("horizontal", "hybrid"):
         weights, matches = segment_weights(list(config.segments), table, config.clients,

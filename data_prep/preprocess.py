@@ -1,9 +1,23 @@
 """Leak-free preprocessing as in the paper's appendix E.1: target encoding of categoricals,
-median imputation, standardization.
+median imputation, standardization; and, for density models on real tables, level codes for
+few-valued columns and a scale chosen per real column (:mod:`data_prep.transforms`).
 
 Every statistic is fitted on the training rows only; the test rows are only ever transformed.
 The fitted transform is a set of plain lookup tables and numbers, so it can be written to the
 manifest and applied shard by shard without holding a float copy of the whole dataset.
+
+Column kinds after :meth:`Preprocessor.fit` (``ColumnTransform.kind``):
+
+* ``levels``: a numeric column with at most ``max_levels`` distinct training values, or a
+  target-encoded categorical: the level code ``0..k-1`` (meta-type ``discrete``). A
+  target-encoded categorical's levels are its categories ordered by their encoding (then by
+  code), so neighbouring codes have similar class rates; a missing category is a level of its
+  own when training rows miss it.
+* ``standardize``: ``(x - mean) / std``; ``normal-score``: :class:`~data_prep.transforms.NormalScore`
+  (meta-type ``real``).
+* ``target-encoding``: a categorical as the class rate of its category, as a real (manifests
+  written before level codes; ``max_levels=0``).
+* ``codes``: a categorical kept as its codes (``--encode none``); ``none``: values as they are.
 """
 from __future__ import annotations
 
@@ -14,6 +28,8 @@ import numpy as np
 from mpifc.errors import UserError
 
 from .table import RawTable
+from .transforms import MAX_LEVELS, SCALES, NormalScore, few_levels, from_levels, select_scale, to_levels, \
+    validation_split
 
 ENCODINGS = ("target", "none")
 _CHUNK = 4096  # rows converted to float64 at a time while fitting (bounds peak memory)
@@ -31,6 +47,12 @@ class ColumnTransform:
             the value of a missing category.
         impute: value that replaces NaN, or None (no imputation, or nothing can be missing).
         mean, std: standardization, or None.
+        levels: for a numeric level-coded column, ``(k,)`` its levels (ascending).
+        level_codes: for a level-coded categorical, ``(k,)`` the category code of each level
+            (``-1``: the missing category).
+        normal: the normal-score transform of a real column, or None.
+        selection: validation log-likelihood (nats per row) of each candidate scale, when the
+            scale was chosen on validation rows.
     """
 
     raw_meta_type: str
@@ -40,6 +62,35 @@ class ColumnTransform:
     impute: float | None = None
     mean: float | None = None
     std: float | None = None
+    levels: np.ndarray | None = None
+    level_codes: np.ndarray | None = None
+    normal: NormalScore | None = None
+    selection: dict[str, float] | None = None
+
+    @property
+    def kind(self) -> str:
+        """What the column became (see the module doc)."""
+        if self.levels is not None or self.level_codes is not None:
+            return "levels"
+        if self.normal is not None:
+            return "normal-score"
+        if self.lookup is not None:
+            return "target-encoding"
+        if self.mean is not None:
+            return "standardize"
+        return "codes" if self.raw_meta_type == "categorical" else "none"
+
+    def code_rank(self) -> np.ndarray:
+        """For a level-coded categorical: ``(n_cat + 1,)`` the level of each category code, the
+        last entry the missing category's (nearest by encoding when it has no level)."""
+        n_cat = self.lookup.size - 1
+        rank = np.empty(n_cat + 1, dtype=np.float64)
+        codes = np.where(self.level_codes < 0, n_cat, self.level_codes)
+        rank[codes] = np.arange(codes.size)
+        if not np.any(self.level_codes < 0):
+            enc = self.lookup[np.maximum(self.level_codes, 0)]
+            rank[n_cat] = float(np.argmin(np.abs(enc - self.lookup[n_cat])))
+        return rank
 
 
 class Preprocessor:
@@ -58,11 +109,13 @@ class Preprocessor:
         self.standardize = standardize
         self.n_fit_rows = n_fit_rows
         self.categories = categories
+        self.selection: dict | None = None
 
     # ------------------------------------------------------------------ fitting
     @classmethod
     def fit(cls, table: RawTable, train_rows: np.ndarray, *, encode: str = "target",
-            impute: bool = True, standardize: bool = True) -> "Preprocessor":
+            impute: bool = True, standardize: bool = True, scale: str = "standardize",
+            max_levels: int = 0, seed: int = 0) -> "Preprocessor":
         """Fit on ``table.x[train_rows]`` (and ``table.y[train_rows]`` for target encoding).
 
         Args:
@@ -72,14 +125,22 @@ class Preprocessor:
                 (categoricals stay integer codes).
             impute: replace missing values by the train median (categorical codes: the most
                 frequent code; target-encoded columns encode missing as a category).
-            standardize: zero mean, unit variance per numeric column (constant columns get
-                ``std = 1``).
+            standardize: scale the numeric columns (constant columns get ``std = 1``); off, they
+                keep their values.
+            scale: how a real column is scaled: ``"standardize"``, ``"normal-score"``, or
+                ``"auto"`` (chosen per column on validation rows carved from ``train_rows``,
+                :func:`~data_prep.transforms.select_scale`).
+            max_levels: with ``standardize``, numeric columns with at most this many distinct
+                training values, and target-encoded categoricals, become level codes (0: off).
+            seed: draws the validation rows of ``scale="auto"``.
 
         Raises:
-            UserError: target encoding asked for without a binary target.
+            UserError: target encoding asked for without a binary target, or an unknown scale.
         """
         if encode not in ENCODINGS:
             raise UserError(f"--encode must be one of {', '.join(ENCODINGS)}, not {encode!r}")
+        if scale not in SCALES:
+            raise UserError(f"--scale must be one of {', '.join(SCALES)}, not {scale!r}")
         train_rows = np.asarray(train_rows, dtype=np.int64)
         columns = [ColumnTransform(raw_meta_type=m, meta_type=m) for m in table.meta_types]
         cat_idx = [j for j, m in enumerate(table.meta_types) if m == "categorical"]
@@ -104,14 +165,15 @@ class Preprocessor:
         pre = cls(list(table.features), columns, encode=encode, impute=impute,
                   standardize=standardize, n_fit_rows=int(train_rows.size),
                   categories=table.categories)
+        if standardize and max_levels > 0:
+            _fit_levels(pre, table, train_rows, max_levels)
         if standardize:
-            scaled = [j for j, c in enumerate(columns) if c.meta_type != "categorical"]
-            mean, var = _column_moments(pre, table.x, train_rows, scaled)
-            for k, j in enumerate(scaled):
-                columns[j].mean = float(mean[k])
-                # a constant column stays constant (0) instead of dividing by zero
-                columns[j].std = float(np.sqrt(var[k])) if var[k] > 0 else 1.0
-                columns[j].meta_type = "real"
+            scaled = [j for j, c in enumerate(columns)
+                      if c.meta_type != "categorical" and c.kind not in ("levels",)]
+            if scale == "standardize" or not scaled:
+                _fit_standardize(pre, table.x, train_rows, scaled)
+            else:
+                pre.selection = _fit_scales(pre, table, train_rows, scaled, scale, seed)
         return pre
 
     # ------------------------------------------------------------------ applying
@@ -145,7 +207,7 @@ class Preprocessor:
                 codes = out[:, k]
                 missing = np.isnan(codes)
                 idx = np.where(missing, col.lookup.size - 1, codes).astype(np.int64)
-                out[:, k] = col.lookup[idx]
+                out[:, k] = col.code_rank()[idx] if col.level_codes is not None else col.lookup[idx]
                 if not impute:
                     out[missing, k] = np.nan
             elif col.impute is not None and impute:
@@ -161,14 +223,21 @@ class Preprocessor:
                     out /= std
                 else:
                     out[:, idx] = (out[:, idx] - mean) / std
+            for k, col in enumerate(cols):
+                if col.normal is not None:
+                    out[:, k] = col.normal.forward(out[:, k])
+                elif col.levels is not None:
+                    out[:, k] = to_levels(out[:, k], col.levels)
 
     def inverse_transform(self, x: np.ndarray, *, columns: list[int] | None = None) -> np.ndarray:
         """Shard values back to raw values: the inverse of :meth:`transform` (NaN stays NaN).
 
-        Standardised columns are unscaled; a target-encoded column gives the code of the category
-        whose encoding is nearest (ties: the lower code); a raw ``discrete`` column is rounded to
-        an integer. On values :meth:`transform` produced this returns the raw values exactly,
-        up to floating-point rounding of the unscaled real columns.
+        Standardised and normal-score columns are unscaled; a level code gives its level (a
+        categorical's: its category code; the missing category: NaN); a target-encoded column
+        gives the code of the category whose encoding is nearest (ties: the lower code); a raw
+        ``discrete`` column is rounded to an integer. On values :meth:`transform` produced this
+        returns the raw values exactly, up to floating-point rounding of the real columns, except
+        that a value :meth:`transform` read as its nearest level comes back as that level.
 
         Args:
             x: ``(m, D)`` shard values over :attr:`features` (or ``(m, len(columns))``).
@@ -184,7 +253,15 @@ class Preprocessor:
             if col.mean is not None and self.standardize:
                 v *= col.std
                 v += col.mean
-            if col.lookup is not None:
+            elif col.normal is not None and self.standardize:
+                v[:] = col.normal.inverse(v)
+            elif col.levels is not None and self.standardize:
+                v[:] = from_levels(v, col.levels)
+            if col.level_codes is not None:
+                seen = ~np.isnan(v)
+                code = col.level_codes[np.clip(np.rint(v[seen]), 0, col.level_codes.size - 1).astype(np.int64)]
+                v[seen] = np.where(code < 0, np.nan, code)
+            elif col.lookup is not None:
                 v[:] = _nearest_code(col.lookup, v)
             elif col.raw_meta_type in ("discrete", "categorical"):
                 np.round(v, out=v)
@@ -195,7 +272,8 @@ class Preprocessor:
         """The preprocessor :meth:`to_json` wrote (``manifest["preprocessing"]``).
 
         Manifests written before category labels were recorded give the categorical columns
-        kept as codes labels ``"0"``, ``"1"``, ...
+        kept as codes labels ``"0"``, ``"1"``, ...; manifests written before level codes and
+        normal scores read as before (target encoding as a real, standardisation).
 
         Raises:
             UserError: a missing or malformed field, named.
@@ -211,22 +289,36 @@ class Preprocessor:
                     enc = e["encoding"]
                     labels = list(labels) if labels is not None else list(enc)
                     col.lookup = np.array([float(enc[lab]) for lab in labels] + [float(e["encoding_missing"])])
+                    if e.get("levels") is not None:
+                        pos = {str(lab): c for c, lab in enumerate(labels)}
+                        col.level_codes = np.array([-1 if lab is None else pos[str(lab)] for lab in e["levels"]],
+                                                   dtype=np.int64)
+                        col.n_categories = max(int(col.level_codes.size), 2)
                 elif col.raw_meta_type == "categorical":
                     col.n_categories = int(e["n_categories"]) if e.get("n_categories") is not None else (
                         len(labels) if labels is not None else None)
                     if labels is None and col.n_categories is not None:
                         labels = [str(c) for c in range(col.n_categories)]
+                elif e.get("levels") is not None:
+                    col.levels = np.asarray(e["levels"], dtype=np.float64)
+                    col.n_categories = max(int(col.levels.size), 2)
                 if labels is not None:
                     categories[name] = [str(lab) for lab in labels]
                 if e.get("impute") is not None:
                     col.impute = float(e["impute"])
                 if e.get("mean") is not None:
                     col.mean, col.std = float(e["mean"]), float(e["std"])
+                if e.get("normal_score") is not None:
+                    col.normal = NormalScore.from_json(e["normal_score"])
+                if e.get("selection") is not None:
+                    col.selection = {str(k): float(v) for k, v in e["selection"].items()}
                 columns.append(col)
-            return cls(features, columns, encode=str(data["encode"]), impute=bool(data["impute"]),
-                       standardize=bool(data["standardize"]), n_fit_rows=int(data.get("n_fit_rows", 0)),
-                       categories=categories)
-        except (KeyError, TypeError, ValueError) as exc:
+            pre = cls(features, columns, encode=str(data["encode"]), impute=bool(data["impute"]),
+                      standardize=bool(data["standardize"]), n_fit_rows=int(data.get("n_fit_rows", 0)),
+                      categories=categories)
+            pre.selection = data.get("selection")
+            return pre
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise UserError(f"preprocessing: malformed field ({type(exc).__name__}: {exc})") from None
 
     @property
@@ -238,22 +330,34 @@ class Preprocessor:
         """The fitted parameters, JSON-ready (for ``manifest["preprocessing"]``)."""
         cols = {}
         for name, col in zip(self.features, self.columns):
-            entry: dict = {"raw_meta_type": col.raw_meta_type, "meta_type": col.meta_type}
+            entry: dict = {"raw_meta_type": col.raw_meta_type, "meta_type": col.meta_type, "transform": col.kind}
             if col.raw_meta_type == "categorical" and name in self.categories:
                 entry["categories"] = [str(lab) for lab in self.categories[name]]
-                if col.n_categories is not None:
+                if col.n_categories is not None and col.level_codes is None:
                     entry["n_categories"] = int(col.n_categories)
             if col.lookup is not None:
                 labels = self.categories[name]
                 entry["encoding"] = {lab: float(col.lookup[c]) for c, lab in enumerate(labels)}
                 entry["encoding_missing"] = float(col.lookup[-1])
+            if col.level_codes is not None:
+                labels = self.categories[name]
+                entry["levels"] = [None if c < 0 else str(labels[c]) for c in col.level_codes]
+            if col.levels is not None:
+                entry["levels"] = [float(v) for v in col.levels]
             if col.impute is not None:
                 entry["impute"] = col.impute
             if col.mean is not None:
                 entry["mean"], entry["std"] = col.mean, col.std
+            if col.normal is not None:
+                entry["normal_score"] = col.normal.to_json()
+            if col.selection is not None:
+                entry["selection"] = dict(col.selection)
             cols[name] = entry
-        return {"encode": self.encode, "impute": self.impute, "standardize": self.standardize,
-                "fitted_on": "train", "n_fit_rows": self.n_fit_rows, "columns": cols}
+        out = {"encode": self.encode, "impute": self.impute, "standardize": self.standardize,
+               "fitted_on": "train", "n_fit_rows": self.n_fit_rows, "columns": cols}
+        if self.selection is not None:
+            out["selection"] = self.selection
+        return out
 
 
 def _nearest_code(lookup: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -326,3 +430,65 @@ def _column_moments(pre: Preprocessor, x: np.ndarray, rows: np.ndarray, cols: li
         m2 = m2 + c_m2 + delta ** 2 * (n * k / safe_total)
         n = total
     return mean, m2 / np.maximum(n, 1.0)
+
+
+def _fit_levels(pre: Preprocessor, table: RawTable, train_rows: np.ndarray, max_levels: int) -> None:
+    """Level codes for target-encoded categoricals and for numeric columns with at most
+    ``max_levels`` distinct encoded, imputed training values (see the module doc)."""
+    for j, col in enumerate(pre.columns):
+        if col.lookup is not None:
+            n_cat = col.lookup.size - 1
+            codes = list(range(n_cat))
+            if np.isnan(table.x[train_rows, j]).any():
+                codes.append(-1)  # the missing category, a level of its own
+            enc = np.array([col.lookup[n_cat if c < 0 else c] for c in codes])
+            order = np.lexsort((np.array(codes), enc))  # by encoding, then by code
+            col.level_codes = np.array(codes, dtype=np.int64)[order]
+            col.meta_type, col.n_categories = "discrete", max(int(col.level_codes.size), 2)
+        elif col.raw_meta_type != "categorical":
+            values = np.empty(train_rows.size)
+            for lo in range(0, train_rows.size, _CHUNK):
+                rows = train_rows[lo:lo + _CHUNK]
+                values[lo:lo + rows.size] = pre.transform(table.x[rows][:, [j]], columns=[j], scale=False)[:, 0]
+            levels = few_levels(values, max_levels)
+            if levels is not None:
+                col.levels = levels
+                col.meta_type, col.n_categories = "discrete", max(int(levels.size), 2)
+
+
+def _fit_standardize(pre: Preprocessor, x: np.ndarray, rows: np.ndarray, cols: list[int]) -> None:
+    mean, var = _column_moments(pre, x, rows, cols)
+    for k, j in enumerate(cols):
+        col = pre.columns[j]
+        col.mean = float(mean[k])
+        # a constant column stays constant (0) instead of dividing by zero
+        col.std = float(np.sqrt(var[k])) if var[k] > 0 else 1.0
+        col.meta_type = "real"
+
+
+def _fit_scales(pre: Preprocessor, table: RawTable, train_rows: np.ndarray, cols: list[int], scale: str,
+                seed: int) -> dict | None:
+    """Normal-score (or, per column, the scale chosen on validation rows) for ``cols``; returns
+    the manifest's ``selection`` record for ``scale="auto"``."""
+    from .partition import stage_rng
+
+    values = pre.transform(table.x[train_rows][:, cols], columns=cols, scale=False)
+    fit_pos, val_pos = validation_split(train_rows.size, stage_rng(seed, 9))
+    chosen: list[int] = []
+    for k, j in enumerate(cols):
+        col = pre.columns[j]
+        col.meta_type = "real"
+        name = scale
+        if scale == "auto":
+            name, col.selection = select_scale(values[fit_pos, k], values[val_pos, k])
+        col.normal = NormalScore.fit(values[:, k]) if name == "normal-score" else None
+        if col.normal is None:
+            chosen.append(j)
+    _fit_standardize(pre, table.x, train_rows, chosen)
+    if scale != "auto":
+        return None
+    return {"rule": "per real column, the scale whose Gaussian mixture (3 components, fitted on the other "
+                    "training rows) gives the validation rows the higher mean log-density in standardised "
+                    "units; ties keep standardize",
+            "candidates": ["standardize", "normal-score"], "seed": int(seed),
+            "fit_rows": int(fit_pos.size), "validation_rows": int(val_pos.size)}

@@ -12,6 +12,7 @@ from data_prep.files import default_data_root
 from data_prep.partition import SETTINGS, SPLITS
 from data_prep.prepare import PrepConfig, prepare
 from data_prep.preprocess import ENCODINGS
+from data_prep.transforms import MAX_LEVELS, SCALES
 from data_prep.shards import write_shards
 
 
@@ -59,12 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-owner", type=_label_owner, default=None, metavar="K|all",
                    help="client holding the target, or 'all' (vertical default 0, else all)")
     p.add_argument("--encode", choices=ENCODINGS, default="target",
-                   help="categoricals: target-encoded floats, or integer codes (none)")
+                   help="categoricals: target encoding orders their levels (with --max-levels 0: "
+                        "target-encoded floats), or integer codes (none)")
     p.add_argument("--no-impute", dest="impute", action="store_false",
                    help="keep missing values as NaN instead of imputing the train median")
     p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=None,
-                   help="standardize numeric features (default: on for tables, off for "
+                   help="scale numeric features (default: on for tables, off for "
                         "images and binary sets)")
+    p.add_argument("--scale", choices=SCALES, default=None,
+                   help="tables: how a real column is scaled: standardize, normal-score (robust to "
+                        "heavy tails), or auto, chosen per column on validation rows carved from the "
+                        "training rows (default: auto for tables, standardize for images)")
+    p.add_argument("--max-levels", type=int, default=None, metavar="K",
+                   help=f"tables: a numeric column with at most K distinct training values is stored "
+                        f"as level codes and modelled as discrete (default {MAX_LEVELS} for tables, 0 = "
+                        f"off, as for images)")
     p.add_argument("--test-fraction", type=float, default=None, metavar="F",
                    help="hold out this stratified fraction (default: the dataset's own test "
                         "split, else 0.2)")
@@ -109,6 +119,7 @@ def run(argv: list[str] | None = None) -> int:
                         setting=args.setting, clients=args.clients, seed=args.seed,
                         split=args.split, alpha=args.alpha, label_owner=args.label_owner,
                         encode=args.encode, impute=args.impute, standardize=args.standardize,
+                        scale=args.scale, max_levels=args.max_levels,
                         test_fraction=args.test_fraction, max_rows=args.max_rows,
                         shared_features=args.shared_features, patches=args.patches,
                         overlap=args.overlap, segments=tuple(args.segment),

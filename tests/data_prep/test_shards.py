@@ -85,8 +85,11 @@ def test_preprocessed_shards_match_the_fitted_transform(tmp_path):
         assert not np.isnan(c.x_train).any()
     assert m.preprocessing["missing"]["real_a"]["train"] == int(
         np.isnan(table.x[~table.own_test, 0]).sum())
-    assert m.features["cat_a"] == {"meta_type": "real", "raw_meta_type": "categorical",
-                                   "n_categories": None}
+    # a target-encoded categorical is its categories as levels; a 7-valued count, levels too
+    assert m.features["cat_a"] == {"meta_type": "discrete", "raw_meta_type": "categorical",
+                                   "n_categories": 3}
+    assert m.features["disc"] == {"meta_type": "discrete", "raw_meta_type": "discrete", "n_categories": 7}
+    assert m.features["real_a"]["meta_type"] == "real"
     assert m.features["label"]["meta_type"] == "discrete"
 
 

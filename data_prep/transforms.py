@@ -1,0 +1,254 @@
+"""Column transforms for density models on real tables: level codes and the normal-score scale.
+
+Two rules, both fitted on training rows only and both invertible for queries:
+
+* **Few values are levels.** A numeric column whose training rows hold at most
+  :data:`MAX_LEVELS` distinct values (counts, flags, codes) is stored as the level code
+  ``0..k-1`` of its value (levels = its distinct training values, ascending) and declared
+  ``discrete``: every learner gives it a discrete leaf, whose probability mass is at most 1. A
+  Gaussian on such a column puts a near-zero variance on a value that repeats and reports an
+  unbounded "density" there (Income's positive log-likelihoods). A value between or beyond the
+  levels is read as its nearest level (ties: the lower one), so the model scores a new value by
+  the mass of the level it falls nearest to.
+* **Heavy tails.** A real column is scaled either by standardisation, ``(x - mean) / std``, or
+  by the normal-score transform :class:`NormalScore` (each training value to the standard normal
+  quantile of its mid-rank, linear in between, logarithmic beyond the training range), which no
+  training or test value can leave far out: a value 10,000 standard deviations out lands ~10
+  units out instead of 10,000, so one row no longer sets a test set's mean log-likelihood.
+  :func:`select_scale` chooses between the two per column on validation rows carved from the
+  training rows (:func:`validation_split`), by the validation log-likelihood of a small Gaussian
+  mixture fitted in each candidate's units and measured in standardised units (the normal-score
+  candidate's log-Jacobian added), so the two are compared on one scale.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from mpifc.errors import UserError
+
+MAX_LEVELS = 32
+"""A numeric column with at most this many distinct training values is stored as level codes."""
+
+SCALES = ("auto", "standardize", "normal-score")
+"""``--scale`` choices for real columns; ``auto`` picks one of the other two per column."""
+
+N_KNOTS = 256
+"""At most this many quantile knots per normal-score column (plus every value holding at least
+``1 / N_KNOTS`` of the rows), so a manifest stays small on large tables."""
+
+VALIDATION_FRACTION = 0.2
+"""Share of the training rows held out to choose a column's scale."""
+
+GMM_COMPONENTS = 3
+"""Components of the Gaussian mixture that scores a candidate scale: a column's marginal under a
+circuit of Gaussian leaves is a mixture of Gaussians."""
+
+_GMM_ITERS = 60
+_GMM_MIN_VAR = 1e-3  # in the candidate's units (both candidates have unit spread)
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+# --------------------------------------------------------------------------- levels
+def few_levels(values: np.ndarray, max_levels: int) -> np.ndarray | None:
+    """The sorted distinct values of ``values`` (NaN ignored) if there are at most
+    ``max_levels`` of them, else None (also for ``max_levels <= 0`` or no value)."""
+    if max_levels <= 0:
+        return None
+    seen = values[~np.isnan(values)]
+    if seen.size == 0:
+        return None
+    levels = np.unique(seen)
+    return levels if levels.size <= max_levels else None
+
+
+def to_levels(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Level codes ``(m,)`` float64 of ``values``: the index of the nearest level (ties: the
+    lower); NaN stays NaN."""
+    out = np.full(values.shape, np.nan)
+    seen = ~np.isnan(values)
+    if levels.size == 1:
+        out[seen] = 0.0
+        return out
+    mids = 0.5 * (levels[:-1] + levels[1:])
+    out[seen] = np.searchsorted(mids, values[seen], side="left").astype(np.float64)
+    return out
+
+
+def from_levels(codes: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """The level values of ``codes`` (rounded and clipped into ``0..k-1``); NaN stays NaN."""
+    out = np.full(codes.shape, np.nan)
+    seen = ~np.isnan(codes)
+    idx = np.clip(np.rint(codes[seen]), 0, levels.size - 1).astype(np.int64)
+    out[seen] = levels[idx]
+    return out
+
+
+# --------------------------------------------------------------------------- normal scores
+class NormalScore:
+    """The normal-score transform of one column, ``z = T(x)``, strictly increasing on the reals.
+
+    Knots ``(x_k, z_k)``: training values and the standard normal quantile of their mid-rank
+    ``(rows below + half the rows equal) / n`` (a value that repeats maps to the middle of its
+    block). Between knots ``T`` is linear; beyond the first and last knot it grows with the
+    logarithm of the distance, ``z = z_K + log(1 + (x - x_K) / s)``, with ``s`` set so the slope
+    is continuous, so far-out values stay within a few units. :meth:`inverse` undoes it exactly
+    up to floating-point rounding.
+
+    Attributes:
+        x, z: ``(K,)`` knots, both strictly increasing (``K >= 2``).
+        scale_lo, scale_hi: ``s`` of the lower and upper tail (units of ``x``).
+    """
+
+    def __init__(self, x: np.ndarray, z: np.ndarray, scale_lo: float, scale_hi: float) -> None:
+        self.x = np.asarray(x, dtype=np.float64)
+        self.z = np.asarray(z, dtype=np.float64)
+        self.scale_lo = float(scale_lo)
+        self.scale_hi = float(scale_hi)
+        if (self.x.ndim != 1 or self.x.size < 2 or self.x.shape != self.z.shape
+                or not np.all(np.diff(self.x) > 0) or not np.all(np.diff(self.z) > 0)
+                or not (self.scale_lo > 0 and self.scale_hi > 0)
+                or not (np.all(np.isfinite(self.x)) and np.all(np.isfinite(self.z)))):
+            raise UserError("normal-score transform: knots must be finite and strictly increasing "
+                            "(at least 2) and the tail scales > 0")
+
+    @classmethod
+    def fit(cls, values: np.ndarray, n_knots: int = N_KNOTS) -> "NormalScore | None":
+        """Fit on ``values`` (NaN ignored); None if fewer than two distinct values."""
+        from scipy.special import ndtri
+
+        seen = np.asarray(values, dtype=np.float64)
+        seen = seen[~np.isnan(seen)]
+        uniq, counts = np.unique(seen, return_counts=True)
+        if uniq.size < 2:
+            return None
+        n = float(counts.sum())
+        below = np.concatenate([[0.0], np.cumsum(counts)[:-1]])
+        u = (below + 0.5 * counts) / n
+        keep = np.arange(uniq.size)
+        if uniq.size > n_knots:
+            # knots at evenly spaced mid-ranks, the extremes, and every heavy tie block exactly
+            targets = np.linspace(u[0], u[-1], n_knots)
+            near = np.clip(np.searchsorted(u, targets), 0, uniq.size - 1)
+            heavy = np.flatnonzero(counts >= n / n_knots)
+            keep = np.unique(np.concatenate([near, heavy, [0, uniq.size - 1]]))
+        x, z = uniq[keep], ndtri(u[keep])
+        slope_lo = (z[1] - z[0]) / (x[1] - x[0])
+        slope_hi = (z[-1] - z[-2]) / (x[-1] - x[-2])
+        return cls(x, z, 1.0 / slope_lo, 1.0 / slope_hi)
+
+    def forward(self, v: np.ndarray) -> np.ndarray:
+        """``T(v)``, elementwise; NaN stays NaN."""
+        v = np.asarray(v, dtype=np.float64)
+        out = np.interp(v, self.x, self.z)
+        lo, hi = v < self.x[0], v > self.x[-1]
+        out[lo] = self.z[0] - np.log1p((self.x[0] - v[lo]) / self.scale_lo)
+        out[hi] = self.z[-1] + np.log1p((v[hi] - self.x[-1]) / self.scale_hi)
+        out[np.isnan(v)] = np.nan
+        return out
+
+    def inverse(self, z: np.ndarray) -> np.ndarray:
+        """``T^-1(z)``, elementwise; NaN stays NaN."""
+        z = np.asarray(z, dtype=np.float64)
+        out = np.interp(z, self.z, self.x)
+        lo, hi = z < self.z[0], z > self.z[-1]
+        with np.errstate(over="ignore"):
+            out[lo] = self.x[0] - self.scale_lo * np.expm1(self.z[0] - z[lo])
+            out[hi] = self.x[-1] + self.scale_hi * np.expm1(z[hi] - self.z[-1])
+        out[np.isnan(z)] = np.nan
+        return out
+
+    def log_derivative(self, v: np.ndarray) -> np.ndarray:
+        """``log T'(v)`` (nats), elementwise; at a knot the mean of the two neighbouring slopes."""
+        v = np.asarray(v, dtype=np.float64)
+        slopes = np.diff(self.z) / np.diff(self.x)  # (K - 1,)
+        # slope of each piece: lower tail, K - 1 segments, upper tail (tails: at the knot)
+        left = np.concatenate([[1.0 / self.scale_lo], slopes])     # piece ending at knot k
+        right = np.concatenate([slopes, [1.0 / self.scale_hi]])    # piece starting at knot k
+        k = np.clip(np.searchsorted(self.x, v, side="right") - 1, 0, self.x.size - 1)
+        out = np.log(right[k])
+        inside = (v > self.x[0]) & (v < self.x[-1])
+        seg = np.clip(k, 0, slopes.size - 1)
+        out[inside] = np.log(slopes[seg[inside]])
+        at_knot = self.x[k] == v
+        out[at_knot] = np.log(0.5 * (left[k[at_knot]] + right[k[at_knot]]))
+        lo, hi = v < self.x[0], v > self.x[-1]
+        out[lo] = -np.log(self.scale_lo + (self.x[0] - v[lo]))
+        out[hi] = -np.log(self.scale_hi + (v[hi] - self.x[-1]))
+        out[np.isnan(v)] = np.nan
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"x": [float(a) for a in self.x], "z": [float(a) for a in self.z],
+                "scale_lo": self.scale_lo, "scale_hi": self.scale_hi}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "NormalScore":
+        return cls(np.asarray(data["x"], dtype=np.float64), np.asarray(data["z"], dtype=np.float64),
+                   float(data["scale_lo"]), float(data["scale_hi"]))
+
+
+# --------------------------------------------------------------------------- choosing a scale
+def validation_split(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``(fit, validation)`` of ``n`` training rows: a random
+    :data:`VALIDATION_FRACTION` (at least one row) held out, both sorted."""
+    n_val = max(1, int(round(VALIDATION_FRACTION * n))) if n >= 2 else 0
+    perm = rng.permutation(n)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def gmm_fit(z: np.ndarray, k: int = GMM_COMPONENTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ``k``-component 1-D Gaussian mixture by EM, started at the data's quantiles (no random
+    start, so the same data give the same mixture). Returns ``(weights, means, variances)``."""
+    z = z[~np.isnan(z)]
+    k = max(1, min(k, z.size))
+    means = np.quantile(z, (np.arange(k) + 0.5) / k)
+    var = np.full(k, max(float(np.var(z)), _GMM_MIN_VAR))
+    w = np.full(k, 1.0 / k)
+    for _ in range(_GMM_ITERS):
+        lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (z[:, None] - means) ** 2 / var)
+        lse = np.logaddexp.reduce(lp, axis=1, keepdims=True)
+        r = np.exp(lp - lse)
+        nk = r.sum(0) + 1e-12
+        w = nk / nk.sum()
+        means = (r * z[:, None]).sum(0) / nk
+        var = np.maximum((r * (z[:, None] - means) ** 2).sum(0) / nk, _GMM_MIN_VAR)
+    return w, means, var
+
+
+def gmm_log_density(z: np.ndarray, mixture: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """``log p(z)`` (nats) under ``(weights, means, variances)``."""
+    w, means, var = mixture
+    lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (z[:, None] - means) ** 2 / var)
+    return np.logaddexp.reduce(lp, axis=1)
+
+
+def select_scale(fit_values: np.ndarray, val_values: np.ndarray) -> tuple[str, dict[str, float]]:
+    """The scale of one real column chosen on validation rows.
+
+    Each candidate is fitted on ``fit_values`` (NaN ignored), a :func:`gmm_fit` mixture is fitted
+    to the fitted candidate's values, and the candidate is scored by the mean log-density of
+    ``val_values`` in standardised units (``fit_values``' mean and std): the mixture's log-density
+    plus, for the normal score, ``log T'(x) + log std``. The higher score wins; a tie, a column
+    without two distinct values, or no validation value keeps ``standardize``.
+
+    Returns:
+        ``(chosen, {candidate: validation mean log-density in nats per row})``.
+    """
+    fit = fit_values[~np.isnan(fit_values)]
+    val = val_values[~np.isnan(val_values)]
+    scores: dict[str, float] = {}
+    std = float(np.std(fit)) if fit.size else 0.0
+    ns = NormalScore.fit(fit) if fit.size else None
+    if std <= 0 or ns is None or val.size == 0:
+        return "standardize", scores
+    mean = float(np.mean(fit))
+    zs = (fit - mean) / std
+    scores["standardize"] = float(np.mean(gmm_log_density((val - mean) / std, gmm_fit(zs))))
+    zn = ns.forward(fit)
+    scores["normal-score"] = float(np.mean(gmm_log_density(ns.forward(val), gmm_fit(zn))
+                                           + ns.log_derivative(val) + math.log(std)))
+    chosen = "normal-score" if scores["normal-score"] > scores["standardize"] else "standardize"
+    return chosen, scores
