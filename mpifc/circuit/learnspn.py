@@ -65,6 +65,7 @@ class LearnSPNParams:
     n_init: int = 3
     cluster_first: bool = False
     leaf_kwargs: dict[str, Any] = field(default_factory=dict)
+    var_min_var: tuple[float, ...] = ()
 
 
 @dataclass
@@ -85,9 +86,13 @@ class _DataInfo:
     cards: list[int]  # number of values for discrete/categorical, 0 for real
     lows: np.ndarray
     highs: np.ndarray
+    # k-means divisor per column: a discrete column with more than two levels is put on the unit
+    # spread of the (standardised) real columns by its training std; 1 elsewhere
+    cluster_scales: np.ndarray
 
 
-def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams) -> tuple[np.ndarray, _DataInfo]:
+def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams,
+                  n_categories: Sequence[int] | None = None) -> tuple[np.ndarray, _DataInfo]:
     """Validate arguments; raise UserError naming the field at fault."""
     try:
         x = np.asarray(data, dtype=np.float64)
@@ -130,7 +135,11 @@ def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams) -> tu
         raise UserError(f"learn_spn: alpha (smoothing) must be > 0, got {p.alpha!r}")
     if not (p.min_var > 0.0):
         raise UserError(f"learn_spn: min_var must be > 0, got {p.min_var!r}")
+    if n_categories is not None and len(n_categories) != x.shape[1]:
+        raise UserError(f"learn_spn: n_categories must have one entry per column ({x.shape[1]}), "
+                        f"got {len(n_categories)}")
     cards = []
+    scales = np.ones(x.shape[1])
     for j, m in enumerate(meta):
         col = x[:, j]
         if m == "real":
@@ -138,22 +147,27 @@ def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams) -> tu
             continue
         if np.any(col < 0) or np.any(col != np.round(col)):
             raise UserError(f"learn_spn: column {j} is {m} but holds values that are not integers >= 0")
-        cards.append(max(int(col.max()) + 1, 2))
+        # declared levels count even when this client's rows miss the top ones: a test row may hold them
+        declared = int(n_categories[j] or 0) if n_categories is not None else 0
+        cards.append(max(int(col.max()) + 1, declared, 2))
+        if m == "discrete" and cards[-1] > 2 and col.std() > 0:
+            scales[j] = col.std()
     if p.col_split == "gtest" and any(m == "real" for m in meta):
         raise UserError("learn_spn: col_split='gtest' needs discrete or categorical columns only (meta_types)")
-    return x, _DataInfo(meta=meta, cards=cards, lows=x.min(0), highs=x.max(0))
+    return x, _DataInfo(meta=meta, cards=cards, lows=x.min(0), highs=x.max(0), cluster_scales=scales)
 
 
 def _leaf_kind(meta: str, card: int, leaf: str) -> str:
     """Leaf family for one column: binary -> Bernoulli, categorical -> Categorical, discrete ->
-    Categorical (histogram/piecewise if asked), real -> Gaussian (or the requested family)."""
+    Categorical (a histogram on unit bins if ``leaf`` is histogram or piecewise, as MSPN does:
+    both are probability masses of the levels), real -> Gaussian (or the requested family)."""
     if meta == "real":
         return {"auto": "gaussian"}.get(leaf, leaf)
     if card <= 2:
         return "bernoulli"
     if meta == "categorical":
         return "categorical"
-    return {"auto": "categorical", "gaussian": "categorical"}.get(leaf, leaf)
+    return {"auto": "categorical", "gaussian": "categorical", "piecewise": "histogram"}.get(leaf, leaf)
 
 
 class _LeafMaker:
@@ -166,6 +180,7 @@ class _LeafMaker:
 
     def __init__(self, x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> None:
         from mpifc.circuit.leaves import FixedBins, Histogram, PiecewiseLinear, fit_leaf, piecewise_fit_fixed_columns
+        from mpifc.circuit.leaves import tie_variance_floors
 
         self._fit = fit_leaf
         self._fit_hist = Histogram.fit_fixed
@@ -173,6 +188,11 @@ class _LeafMaker:
         self._info = info
         self._p = p
         self._kinds = [_leaf_kind(m, c, p.leaf) for m, c in zip(info.meta, info.cards)]
+        # Gaussian leaves: min_var, raised per column to the floor its ties set on the full data
+        gauss = [kind == "gaussian" for kind in self._kinds]
+        self._min_var = np.maximum(p.min_var, tie_variance_floors(x, gauss)) if any(gauss) else None
+        if self._min_var is not None and p.var_min_var:
+            self._min_var = np.maximum(self._min_var, np.asarray(p.var_min_var, dtype=np.float64))
         binned = [j for j, kind in enumerate(self._kinds) if kind in ("histogram", "piecewise")]
         self._breaks: dict[int, np.ndarray] = _real_breaks(x, [j for j in binned if info.meta[j] == "real"])
         for j in binned:
@@ -219,7 +239,7 @@ class _LeafMaker:
         hp = dict(p.leaf_kwargs)
         meta = info.meta[var]
         if kind == "gaussian":
-            hp.setdefault("min_var", p.min_var)
+            hp.setdefault("min_var", float(self._min_var[var]))
             return LeafNode(var, self._fit("real", values, leaf="gaussian", **hp))
         hp.setdefault("alpha", p.alpha)
         if kind == "bernoulli":
@@ -339,9 +359,10 @@ def _constant_columns(block: np.ndarray, meta: Sequence[str]) -> np.ndarray:
     return const
 
 
-def learn_structure(data: Any, meta_types: Sequence[str], params: LearnSPNParams) -> Node:
+def learn_structure(data: Any, meta_types: Sequence[str], params: LearnSPNParams,
+                    n_categories: Sequence[int] | None = None) -> Node:
     """Run LearnSPN and return the (collapsed, validated) root node; see :func:`learn_spn`."""
-    x, info = _check_inputs(data, meta_types, params)
+    x, info = _check_inputs(data, meta_types, params, n_categories)
     # One RDC per column split: its large work arrays are kept for the whole run (rdc.py).
     with single_native_thread(), reuse_work_arrays():
         root = _grow(x, info, params)
@@ -406,7 +427,7 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
                     queue.append(_Slice(rows, cols[g], prod.add_child, skip_col_split=True))
                 continue
         seed = int(rng.integers(0, 2**31 - 1))
-        feats = clustering_features(block, categorical[cols], cards[cols])
+        feats = clustering_features(block, categorical[cols], cards[cols], info.cluster_scales[cols])
         labels = split_rows(feats, p.row_split, p.n_clusters, seed, n_init=p.n_init)
         n_groups = int(labels.max()) + 1
         if n_groups < 2:
@@ -480,6 +501,8 @@ def learn_spn(
     n_init: int = 3,
     cluster_first: bool = False,
     leaf_kwargs: dict[str, Any] | None = None,
+    n_categories: Sequence[int] | None = None,
+    var_min_var: Sequence[float] | None = None,
 ) -> Any:
     """Learn an SPN/MSPN from complete data by LearnSPN.
 
@@ -493,12 +516,13 @@ def learn_spn(
         row_split: ``"kmeans"`` or ``"gmm"``.
         n_clusters: clusters per row split.
         leaf: ``"auto"`` (Gaussian for real, Bernoulli for two-valued, Categorical otherwise),
-            or force ``"gaussian"``, ``"histogram"`` or ``"piecewise"`` for real (and, for the
-            last two, discrete) columns.
+            or force ``"gaussian"``, ``"histogram"`` or ``"piecewise"`` for real columns; with
+            the last two, discrete columns get histograms on unit bins (the mass of each level).
         seed: seed of every random choice (RDC projections, clustering).
         gtest_pvalue: G-test significance level; smaller = fewer dependencies = more products.
         alpha: Laplace smoothing of Bernoulli/Categorical leaves (pseudo-count per value).
-        min_var: variance floor of Gaussian leaves.
+        min_var: variance floor of Gaussian leaves, raised per column to the floor its ties set
+            (:func:`~mpifc.circuit.leaves.tie_variance_floors`).
         rdc_k: random features per column in the RDC (SPFlow 1.1.0 uses 20).
         rdc_ties: copula convention for ties in the RDC: ``"max"`` (default, a faithful RDC; on
             binary columns exactly ``|Pearson|``) or ``"ordinal"`` (SPFlow 1.1.0's row-order
@@ -508,6 +532,10 @@ def learn_spn(
         cluster_first: start with a row split at the root (MSPN's default) instead of a column
             split (Gens & Domingos, SPFlow).
         leaf_kwargs: extra hyperparameters passed to every leaf's ``fit``.
+        n_categories: per column, its declared number of levels (0 or None: from the data); a
+            discrete leaf covers at least these, so levels missing from ``data`` keep smoothed mass.
+        var_min_var: per column, a further variance floor of its Gaussian leaves (e.g. the tie
+            floors of more rows than ``data``'s).
 
     Returns:
         An :class:`mpifc.circuit.spn.SPN` over variables ``0..d-1``.
@@ -531,8 +559,9 @@ def learn_spn(
         n_init=n_init,
         cluster_first=cluster_first,
         leaf_kwargs=dict(leaf_kwargs or {}),
+        var_min_var=tuple(float(v) for v in var_min_var) if var_min_var is not None else (),
     )
-    root = learn_structure(data, meta_types, params)
+    root = learn_structure(data, meta_types, params, n_categories)
     from mpifc.circuit.spn import SPN
 
     return SPN(root)

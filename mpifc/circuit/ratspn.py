@@ -27,7 +27,7 @@ import torch
 
 from mpifc.circuit import graph as G
 from mpifc.circuit.io import register_model
-from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, MIN_FLOW, Leaf, Params
+from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, MIN_FLOW, Categorical, Gaussian, Leaf, Params
 from mpifc.errors import UserError
 
 _TINY = 1e-300
@@ -71,6 +71,78 @@ class RatStats:
                    float(np.asarray(a["ll"])[0]), float(np.asarray(a["n"])[0]))
 
 
+def _part(P: Params, prefix: str) -> Params:
+    return {k[len(prefix):]: v for k, v in P.items() if k.startswith(prefix)}
+
+
+def _joined(g: Params, c: Params, disc: torch.Tensor) -> Params:
+    return {**{"g_" + k: v for k, v in g.items()}, **{"c_" + k: v for k, v in c.items()}, "disc": disc}
+
+
+class MixedLeaves:
+    """The leaves of a RAT-SPN over real and discrete variables, batched like a :class:`Leaf` type.
+
+    Every leaf slot holds a Gaussian (``g_`` parameters) and a categorical (``c_`` parameters,
+    ``c_len_probs`` = the levels of the slot's variable); ``disc`` ``(n,)`` says which one the
+    slot's variable uses. Each part sees NaN (marginalised, log 1 = 0) on the other part's slots,
+    so a slot's log-value, statistics and M-step are exactly its own family's.
+    """
+
+    type_name = "mixed"
+    em_trainable = True
+
+    @staticmethod
+    def _split(P: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        disc = P["disc"] > 0
+        nan = torch.full_like(x, float("nan"))
+        return torch.where(disc, nan, x), torch.where(disc, x, nan)
+
+    @classmethod
+    def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
+        xr, xd = cls._split(P, x)
+        return Gaussian.batch_log_prob(_part(P, "g_"), xr) + Categorical.batch_log_prob(_part(P, "c_"), xd)
+
+    @classmethod
+    def batch_mode(cls, P: Params) -> torch.Tensor:
+        return torch.where(P["disc"] > 0, Categorical.batch_mode(_part(P, "c_")).to(P["g_mean"].dtype),
+                           Gaussian.batch_mode(_part(P, "g_")))
+
+    @classmethod
+    def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        disc = P["disc"].numpy()[idx] > 0
+        out = np.empty(len(idx))
+        if (~disc).any():
+            out[~disc] = Gaussian.batch_sample(_part(P, "g_"), idx[~disc], rng)
+        if disc.any():
+            out[disc] = Categorical.batch_sample(_part(P, "c_"), idx[disc], rng)
+        return out
+
+    @classmethod
+    def batch_em_stats(cls, P: Params, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        xr, xd = cls._split(P, x)
+        g = Gaussian.batch_em_stats(_part(P, "g_"), xr, w)
+        c = Categorical.batch_em_stats(_part(P, "c_"), xd, w)
+        return {**{"g_" + k: v for k, v in g.items()}, **{"c_" + k: v for k, v in c.items()}}
+
+    @classmethod
+    def batch_m_step(cls, P: Params, stats: dict[str, torch.Tensor], step_size: float) -> Params:
+        g = Gaussian.batch_m_step(_part(P, "g_"), _part(stats, "g_"), step_size)
+        c = Categorical.batch_m_step(_part(P, "c_"), _part(stats, "c_"), step_size)
+        return _joined(g, c, P["disc"])
+
+    @classmethod
+    def unstack(cls, P: Params) -> list[Leaf]:
+        """One :class:`Gaussian` or :class:`Categorical` (its variable's levels) per slot."""
+        g, c = Gaussian.unstack(_part(P, "g_")), Categorical.unstack(_part(P, "c_"))
+        return [c[i] if bool(P["disc"][i] > 0) else g[i] for i in range(len(g))]
+
+    @classmethod
+    def learnable_per_slot(cls, P: Params) -> torch.Tensor:
+        """Free parameters of each slot's own family ``(n,)``: 2 for a Gaussian, levels for a
+        categorical."""
+        return torch.where(P["disc"] > 0, P["c_len_probs"].to(torch.float64), torch.full_like(P["disc"], 2.0))
+
+
 class RatSPN:
     """Random and tensorised SPN over ``n_vars`` variables (columns ``0..n_vars-1`` of ``x``).
 
@@ -82,13 +154,18 @@ class RatSPN:
         num_leaves: ``I``, input distributions per leaf region (``== S`` for elementwise products).
         num_roots: ``C``, sums of the top region per repetition (the root mixes ``R * C``).
         leaf: leaf type name (``"gaussian"``, ``"bernoulli"``, ``"categorical"``,
-            ``"discretized_gaussian"``, ...).
+            ``"discretized_gaussian"``, ...), or ``"mixed"``: a Gaussian per real variable and a
+            categorical per discrete one (:class:`MixedLeaves`; ``leaf_kwargs["var_levels"]``,
+            one entry per variable: 0 for real, else its number of levels >= 2).
         leaf_kwargs: fixed leaf hyper-parameters (e.g. ``min_var``, ``max_var``, ``alpha``,
-            ``n_categories``, ``levels``, ``bin_width``).
+            ``n_categories``, ``levels``, ``bin_width``, ``var_levels``).
         product: ``"outer"`` (original RAT-SPN) or ``"elementwise"`` (SPFlow-style).
         seed: seeds the structure and the initial parameters (same seed, same model).
         dtype: evaluation dtype (float64 default).
         scope: variable ids of the columns (default ``range(n_vars)``).
+        var_min_var: Gaussian and mixed leaves: ``(n_vars,)`` per-variable variance floors, raised
+            to ``leaf_kwargs["min_var"]`` (e.g. :func:`~mpifc.circuit.leaves.tie_variance_floors`);
+            they live in the leaves' ``min_var`` parameters, so a saved model keeps them.
     """
 
     model_type = "ratspn"
@@ -96,7 +173,8 @@ class RatSPN:
     def __init__(self, n_vars: int, depth: int = 2, repetitions: int = 2, num_sums: int = 4,
                  num_leaves: int = 4, num_roots: int = 1, leaf: str = "gaussian",
                  leaf_kwargs: dict[str, float] | None = None, product: str = "outer", seed: int = 0,
-                 dtype: torch.dtype = torch.float64, scope: tuple[int, ...] | None = None) -> None:
+                 dtype: torch.dtype = torch.float64, scope: tuple[int, ...] | None = None,
+                 var_min_var: Any | None = None) -> None:
         if depth < 1 or n_vars < 2 ** depth:
             raise UserError(f"RatSPN: need depth >= 1 and n_vars >= 2**depth, got n_vars={n_vars}, depth={depth}")
         if min(repetitions, num_sums, num_leaves, num_roots) < 1:
@@ -105,8 +183,13 @@ class RatSPN:
             raise UserError(f"RatSPN: product must be 'outer' or 'elementwise', got {product!r}")
         if product == "elementwise" and num_leaves != num_sums:
             raise UserError("RatSPN: elementwise products need num_leaves == num_sums")
-        if leaf not in LEAF_TYPES:
-            raise UserError(f"RatSPN: unknown leaf {leaf!r} (known: {sorted(LEAF_TYPES)})")
+        if leaf not in LEAF_TYPES and leaf != "mixed":
+            raise UserError(f"RatSPN: unknown leaf {leaf!r} (known: {sorted(LEAF_TYPES) + ['mixed']})")
+        if leaf == "mixed":
+            levels = [int(v) for v in (leaf_kwargs or {}).get("var_levels", ())]
+            if len(levels) != n_vars or any(v != 0 and v < 2 for v in levels):
+                raise UserError(f"RatSPN: leaf 'mixed' needs var_levels with one entry per variable ({n_vars}), "
+                                f"0 for real and >= 2 for discrete, got {levels}")
         self.cfg = dict(n_vars=int(n_vars), depth=int(depth), repetitions=int(repetitions),
                         num_sums=int(num_sums), num_leaves=int(num_leaves), num_roots=int(num_roots),
                         leaf=leaf, product=product, seed=int(seed))
@@ -136,8 +219,10 @@ class RatSPN:
             self.weights.append(torch.as_tensor(rng.dirichlet(np.ones(K), size=(R, F, J)), dtype=dtype))
             k_in = J
         self.root_weights = torch.as_tensor(rng.dirichlet(np.ones(R * num_roots)).reshape(R, num_roots), dtype=dtype)
-        self.leaf_cls: type[Leaf] = LEAF_TYPES[leaf]
+        self.leaf_cls: Any = _leaf_class(leaf)
         self.P: Params = self._init_leaves(rng)
+        if var_min_var is not None and leaf in ("gaussian", "mixed"):
+            self._raise_floors(np.asarray(var_min_var, dtype=np.float64))
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -160,6 +245,8 @@ class RatSPN:
             f = lambda v: torch.full((n,), v, dtype=self.dtype)  # noqa: E731
             return {"mean": torch.as_tensor(rng.standard_normal(n), dtype=self.dtype),
                     "var": f(min(max(1.0, lo), hi)), "min_var": f(lo), "max_var": f(hi)}
+        if name == "mixed":
+            return self._init_mixed(rng, n)
         if name == "bernoulli":
             leaves = [LEAF_TYPES[name](p, kw.get("alpha", 1e-3)) for p in rng.uniform(0.25, 0.75, n)]
         elif name == "categorical":
@@ -173,6 +260,40 @@ class RatSPN:
             raise UserError(f"RatSPN: leaf {name!r} is not supported (use gaussian, bernoulli, "
                             f"categorical or discretized_gaussian)")
         return self.leaf_cls.stack(leaves, self.dtype)
+
+    def _raise_floors(self, var_min_var: np.ndarray) -> None:
+        """Per-slot variance floors ``max(min_var, var_min_var[variable])`` (variances raised to them)."""
+        if var_min_var.shape != (self.cfg["n_vars"],):
+            raise UserError(f"RatSPN: var_min_var needs {self.cfg['n_vars']} entries, got {var_min_var.shape}")
+        I = self._shape[3]
+        per_slot = np.repeat(np.concatenate([var_min_var, [0.0]])[self.gidx.numpy().reshape(-1)], I)
+        pre = "g_" if self.cfg["leaf"] == "mixed" else ""
+        lo = torch.maximum(self.P[pre + "min_var"], torch.as_tensor(per_slot, dtype=self.dtype))
+        lo = torch.minimum(lo, self.P[pre + "max_var"])
+        self.P[pre + "min_var"] = lo
+        self.P[pre + "var"] = self.P[pre + "var"].clamp_min(lo)
+
+    def _init_mixed(self, rng: np.random.Generator, n: int) -> Params:
+        """Gaussian and categorical parameters for every slot (see :class:`MixedLeaves`)."""
+        kw = self.leaf_kwargs
+        R, Gn, S, I = self._shape
+        levels = np.array([int(v) for v in kw["var_levels"]] + [0])  # the padding column: real (always NaN)
+        slot_levels = np.repeat(levels[self.gidx.numpy().reshape(-1)], I)  # slot order (r, g, s, i)
+        k_max = max(2, int(levels.max()))
+        lo, hi = float(kw.get("min_var", 1e-6)), kw.get("max_var")
+        hi = math.inf if hi is None else float(hi)
+        LEAF_TYPES["gaussian"](0.0, 1.0, lo, hi)  # validates the hyper-parameters
+        f = lambda v: torch.full((n,), v, dtype=self.dtype)  # noqa: E731
+        g = {"mean": torch.as_tensor(rng.standard_normal(n), dtype=self.dtype),
+             "var": f(min(max(1.0, lo), hi)), "min_var": f(lo), "max_var": f(hi)}
+        probs = np.zeros((n, k_max))
+        lens = np.where(slot_levels > 0, slot_levels, k_max)
+        for k in np.unique(lens):
+            rows = np.flatnonzero(lens == k)
+            probs[rows, :k] = rng.dirichlet(np.ones(k) * 5, rows.size)
+        c = {"probs": torch.as_tensor(probs, dtype=self.dtype), "len_probs": torch.as_tensor(lens, dtype=torch.int64),
+             "alpha": f(float(kw.get("alpha", 1e-3)))}
+        return _joined(g, c, torch.as_tensor((slot_levels > 0).astype(np.float64), dtype=self.dtype))
 
     def _p4(self, name: str) -> torch.Tensor:
         """Scalar leaf parameter as ``(R, G, S, I)``."""
@@ -480,6 +601,9 @@ class RatSPN:
         """Sum weights plus learnable leaf scalars of real (non-padding) variable slots."""
         n = self.root_weights.numel() + sum(W.numel() for W in self.weights)
         R, Gn, S, I = self._shape
+        if self.cfg["leaf"] == "mixed":
+            used = self.real[..., None].expand(R, Gn, S, I).reshape(-1)
+            return int(n + int(MixedLeaves.learnable_per_slot(self.P)[used].sum()))
         per_leaf = sum(int(self.P[k][0].numel()) for k in self.leaf_cls.learnable)
         return int(n + int(self.real.sum()) * I * per_leaf)
 
@@ -524,7 +648,10 @@ class RatSPN:
         for k, v in self.cfg.items():
             group.attrs["cfg_" + k] = v
         for k, v in self.leaf_kwargs.items():
-            group.attrs["leafkw_" + k] = v
+            if k == "var_levels":
+                group.create_dataset("var_levels", data=np.asarray(v, dtype=np.int64))
+            else:
+                group.attrs["leafkw_" + k] = v
         group.attrs["dtype"] = str(self.dtype).replace("torch.", "")
         group.create_dataset("scope", data=np.asarray(self.scope, dtype=np.int64))
         group.create_dataset("gidx", data=self.gidx.numpy())
@@ -543,6 +670,8 @@ class RatSPN:
             cfg = {k: (v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v)
                    for k, v in cfg.items()}
             kw = {k[7:]: group.attrs[k].item() for k in group.attrs if k.startswith("leafkw_")}
+            if "var_levels" in group:
+                kw["var_levels"] = tuple(int(v) for v in group["var_levels"][()])
             dtype = getattr(torch, str(group.attrs["dtype"]))
             # Build a skeleton cheaply (tiny init is overwritten below) then load the tensors.
             obj = cls.__new__(cls)
@@ -552,11 +681,16 @@ class RatSPN:
             obj.real = obj.gidx < cfg["n_vars"]
             obj.root_weights = torch.as_tensor(group["root_weights"][()], dtype=dtype)
             obj.weights = [torch.as_tensor(group[f"weights{i}"][()], dtype=dtype) for i in range(cfg["depth"])]
-            obj.leaf_cls = LEAF_TYPES[cfg["leaf"]]
+            obj.leaf_cls = _leaf_class(cfg["leaf"])
             obj.P = {k: torch.as_tensor(group["leaves"][k][()]) for k in group["leaves"]}
         except (KeyError, ValueError, TypeError) as e:
             raise UserError(f"{where}: malformed ratspn group ({e})") from None
         return obj
+
+
+def _leaf_class(name: str) -> Any:
+    """The batched leaf type of a RAT-SPN's ``leaf`` setting."""
+    return MixedLeaves if name == "mixed" else LEAF_TYPES[name]
 
 
 register_model(RatSPN.model_type, RatSPN.load)

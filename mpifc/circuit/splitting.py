@@ -100,9 +100,18 @@ def split_columns_gtest(data: np.ndarray, cards: Sequence[int], pvalue: float) -
     return dependency_components(dependent)
 
 
-def clustering_features(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int]) -> np.ndarray:
+def clustering_features(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int],
+                        scales: Sequence[float] | None = None) -> np.ndarray:
     """Slice as seen by the row clustering: categorical columns with > 2 values one-hot encoded
-    (their integer codes carry no distance), everything else unchanged."""
+    (their integer codes carry no distance), every other column divided by its ``scales`` entry
+    (default 1: unchanged; a categorical column's entry is ignored).
+
+    ``scales`` puts ordinal level codes ``0..k-1`` on the unit spread of standardised real
+    columns, so that a column with many levels does not outweigh the others in k-means."""
+    if scales is not None:
+        div = np.where(np.asarray(categorical, dtype=bool), 1.0, np.asarray(scales, dtype=np.float64))
+        if np.any(div != 1.0):
+            data = data / div
     if not any(c and k > 2 for c, k in zip(categorical, cards)):
         return data
     parts = []

@@ -342,12 +342,18 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     columns unless the plan sets :data:`CLUSTER_WITHOUT_TARGET`) and fit one PC per cluster on
     all the task's columns.
 
+    Every fit also gets ``var_min_var``: the variance floors the task's columns' repeated values
+    set on all of the client's rows (:func:`mpifc.circuit.leaves.tie_variance_floors`), so that a
+    cluster whose rows are all one value in a column still gets that value's floor.
+
     Args:
-        fit: ``fit(learner, x, meta_types, seed, n_categories=..., **hp)``; defaults to
-            :func:`mpifc.federated.learners.fit_leaf`.
+        fit: ``fit(learner, x, meta_types, seed, n_categories=..., var_min_var=..., **hp)``;
+            defaults to :func:`mpifc.federated.learners.fit_leaf`.
     """
     if fit is None:
         from mpifc.federated.learners import fit_leaf as fit
+    from mpifc.circuit.leaves.gaussian import tie_variance_floors
+
     col = {f: j for j, f in enumerate(features)}
     leaves: list[LeafReport] = []
     cluster_ids = None
@@ -356,9 +362,10 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         xs = x[:, [col[f] for f in t.features]]
         meta = [plan.meta_types[f] for f in t.features]
         ks = [plan.n_categories.get(f, 0) for f in t.features]
+        floors = tie_variance_floors(xs, [m == "real" for m in meta])
         if t.n_clusters == 0:
             extra = {"target_index": t.features.index(plan.target)} if plan.kind == "fcdt" else {}
-            model = fit(t.learner, xs, meta, t.seed, n_categories=ks, **hp, **extra)
+            model = fit(t.learner, xs, meta, t.seed, n_categories=ks, var_min_var=floors, **hp, **extra)
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
         ccols = cluster_columns(plan, t)
@@ -367,7 +374,7 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         cluster_ids = labels
         for k in range(int(labels.max()) + 1):
             rows = xs[labels == k]
-            model = fit(t.learner, rows, meta, derive_seed(t.seed, k), n_categories=ks, **hp)
+            model = fit(t.learner, rows, meta, derive_seed(t.seed, k), n_categories=ks, var_min_var=floors, **hp)
             leaves.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return ClientReport(client, leaves, cluster_ids)
 

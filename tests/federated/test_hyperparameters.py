@@ -13,8 +13,8 @@ from mpifc.federated.hyperparameters import LEARNER_PARAMS, check_hyperparameter
 from tests.mpi_util import REPO
 
 # Arguments of the fit functions that the plan or the data fill in, never ``--hp``.
-DATA_ARGS = {"x", "data", "meta_types", "seed", "n_categories", "target_index", "leaf_kwargs", "image_shape",
-             "pd_num_pieces", "_"}
+DATA_ARGS = {"x", "data", "meta_types", "seed", "n_categories", "var_min_var", "target_index", "leaf_kwargs",
+             "image_shape", "pd_num_pieces", "_"}
 
 
 def _signature_params(learner: str) -> set[str]:

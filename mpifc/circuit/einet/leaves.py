@@ -105,11 +105,14 @@ class GaussianLeaf(LeafFamily):
     kind = "gaussian"
 
     def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
-                 min_var: float = 1e-3, max_var: float = 0.25) -> None:
+                 min_var: float = 1e-3, max_var: float = 0.25, slot_min_var: torch.Tensor | None = None) -> None:
         super().__init__(slot_mask, num_components, dtype, device)
         if not 0 < min_var <= max_var:
             raise UserError(f"min_var/max_var: need 0 < min_var <= max_var, got {min_var}, {max_var}")
         self.min_var, self.max_var = float(min_var), float(max_var)
+        # per-slot floors (L * m, 1), within [min_var, max_var]; None: min_var everywhere
+        self.floor = None if slot_min_var is None else slot_min_var.reshape(-1, 1).clamp(
+            self.min_var, self.max_var).to(dtype).to(device)
 
     def hyper(self) -> dict[str, float | int]:
         return {"min_var": self.min_var, "max_var": self.max_var}
@@ -195,7 +198,9 @@ class GaussianLeaf(LeafFamily):
         # combination of sufficient statistics; step 1 is plain EM.
         m1 = (1 - step_size) * mean_old + step_size * mean_new
         m2 = (1 - step_size) * (var_old + mean_old ** 2) + step_size * second_new
-        var = (m2 - m1 * m1).clamp(self.min_var, self.max_var)
+        var = m2 - m1 * m1
+        var = (var.clamp(self.min_var, self.max_var) if self.floor is None
+               else torch.maximum(var, self.floor).clamp_max(self.max_var))
         self.params = {"mean": m1, "var": var}
 
     def sample(self, slot: torch.Tensor, comp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -557,7 +562,7 @@ class MixedLeaf(LeafFamily):
 
     def __init__(self, slot_mask: torch.Tensor, num_components: int, dtype: torch.dtype, device: torch.device,
                  slot_var: torch.Tensor, var_levels: "list[int] | tuple[int, ...]", min_var: float = 1e-3,
-                 max_var: float = 0.25, pseudocount: float = 0.01) -> None:
+                 max_var: float = 0.25, pseudocount: float = 0.01, slot_min_var: torch.Tensor | None = None) -> None:
         super().__init__(slot_mask, num_components, dtype, device)
         levels = [int(v) for v in var_levels]
         bad = [(j, v) for j, v in enumerate(levels) if v != 0 and v < 2]
@@ -572,7 +577,8 @@ class MixedLeaf(LeafFamily):
         self.disc_slot = self.slot_mask & (slot_lv > 0)
         self.min_var, self.max_var, self.pseudocount = float(min_var), float(max_var), float(pseudocount)
         self.num_levels = max([2] + levels)
-        self.gauss = GaussianLeaf(self.real_slot, num_components, dtype, device, min_var=min_var, max_var=max_var)
+        self.gauss = GaussianLeaf(self.real_slot, num_components, dtype, device, min_var=min_var, max_var=max_var,
+                                  slot_min_var=slot_min_var)
         # Non-discrete slots keep all levels (never observed there: the values are NaN).
         self.cat = CategoricalLeaf(self.disc_slot, num_components, dtype, device, num_levels=self.num_levels,
                                    pseudocount=pseudocount,

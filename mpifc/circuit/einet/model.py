@@ -38,6 +38,8 @@ class EiNetConfig:
         num_levels: levels of discrete leaves (256 for 8-bit pixels).
         var_levels: ``mixed`` leaves only: per variable, 0 for a real (Gaussian) variable or its
             number of levels (>= 2, categorical); one entry per variable of the region graph.
+        var_min_var: Gaussian and mixed leaves: per variable, a variance floor raised to
+            ``min_var`` (e.g. :func:`~mpifc.circuit.leaves.tie_variance_floors`); empty: none.
         min_var, max_var: Gaussian variance clamp (Table 5: 1e-3, 0.25).
         pseudocount: symmetric Dirichlet pseudo-count of categorical/Bernoulli M-steps.
         max_params: refuse to build a larger model (``None``: no limit).
@@ -59,9 +61,11 @@ class EiNetConfig:
     seed: int = 0
     eval_batch_size: int = 1024
     var_levels: tuple[int, ...] = ()
+    var_min_var: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:  # JSON gives a list back: keep the config hashable
         object.__setattr__(self, "var_levels", tuple(int(v) for v in self.var_levels))
+        object.__setattr__(self, "var_min_var", tuple(float(v) for v in self.var_min_var))
 
     def validate(self) -> None:
         if self.num_sums < 1:
@@ -81,11 +85,16 @@ def _make_leaf(config: EiNetConfig, slot_mask: torch.Tensor, dtype: torch.dtype,
                slot_var: torch.Tensor) -> LeafFamily:
     cls = LEAF_FAMILIES[config.leaf]
     k = config.num_sums
+    floor = None
+    if config.var_min_var:
+        ext = torch.tensor(list(config.var_min_var) + [0.0], dtype=torch.float64)
+        floor = ext[slot_var.to("cpu")]  # (L, m): padding slots read the extra variable
     if config.leaf == "mixed":
         return cls(slot_mask, k, dtype, device, slot_var=slot_var, var_levels=config.var_levels,
-                   min_var=config.min_var, max_var=config.max_var, pseudocount=config.pseudocount)
+                   min_var=config.min_var, max_var=config.max_var, pseudocount=config.pseudocount,
+                   slot_min_var=floor)
     if config.leaf == "gaussian":
-        return cls(slot_mask, k, dtype, device, min_var=config.min_var, max_var=config.max_var)
+        return cls(slot_mask, k, dtype, device, min_var=config.min_var, max_var=config.max_var, slot_min_var=floor)
     if config.leaf == "discretized_gaussian":
         return cls(slot_mask, k, dtype, device, min_var=config.min_var, max_var=config.max_var,
                    num_levels=config.num_levels)
@@ -140,6 +149,9 @@ class EiNet:
         self.scope = tuple(int(v) for v in scope) if scope is not None else tuple(range(graph.num_vars))
         if len(self.scope) != graph.num_vars:
             raise UserError(f"scope: has {len(self.scope)} variables, the region graph {graph.num_vars}")
+        if config.var_min_var and len(config.var_min_var) != graph.num_vars:
+            raise UserError(f"var_min_var: has {len(config.var_min_var)} entries, the region graph "
+                            f"has {graph.num_vars} variables")
         if config.leaf == "mixed" and len(config.var_levels) != graph.num_vars:
             raise UserError(f"var_levels: has {len(config.var_levels)} entries, the region graph "
                             f"{graph.num_vars} variables")

@@ -152,7 +152,7 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
               online_em_stepsize: float = 0.5, dtype: str = "float64",
               max_params: int | None = 100_000_000, leaf_region_vars: int | None = None,
               n_categories: Sequence[int] | None = None, min_var: float = 1e-3,
-              max_var: float | None = None) -> EiNet:
+              max_var: float | None = None, var_min_var: Sequence[float] | None = None) -> EiNet:
     """Fit an EiNet client PC on ``x (n, d)`` by EM: the learner behind ``--learner einet``.
 
     ``image_shape`` selects a Poon-Domingos region graph (images); otherwise random binary trees
@@ -166,8 +166,11 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
     on a mix of the two, to ``mixed``: a Gaussian per real variable and a categorical per discrete
     one, whose levels are ``n_categories[j]`` when given (> 0), else its largest value + 1.
     ``batch_size`` 0 or ``None`` is full-batch EM (one M-step per epoch over all rows).
-    ``min_var``/``max_var`` clamp Gaussian variances. ``max_var`` ``None``: 0.25 on images (Table 5
-    of the FC paper, pixels scaled to [0, 1]); on tabular data (no ``image_shape``) the largest
+    ``min_var``/``max_var`` clamp Gaussian variances; on tabular data a real column's floor is
+    raised to the one its ties set (:func:`~mpifc.circuit.leaves.tie_variance_floors`) and to
+    ``var_min_var`` (per column, e.g. the floors of all of a client's rows).
+    ``max_var`` ``None``: 0.25 on images (Table 5 of the FC paper, pixels scaled to [0, 1]); on
+    tabular data (no ``image_shape``) the largest
     training variance of a real column, at least 0.25, so that one component can cover a whole
     standardised column (breast cancer, one client of three: test LL -31.9 with 0.25, -29.1 with
     1.0, -31.7 with 4.0 nats).
@@ -198,9 +201,17 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
         if image_shape is None and real_cols:
             max_var = max(0.25, float(np.nanvar(xt[:, real_cols], axis=0).max()))
         max_var = max(max_var, float(min_var))
+    floors: tuple[float, ...] = ()
+    if image_shape is None and leaf in ("gaussian", "mixed"):
+        from mpifc.circuit.leaves import tie_variance_floors
+
+        own = tie_variance_floors(xt, [m == "real" for m in meta_types])
+        if var_min_var is not None:
+            own = np.maximum(own, np.asarray(var_min_var, dtype=np.float64))
+        floors = tuple(float(v) for v in own) if np.any(own > 0) else ()
     config = EiNetConfig(num_sums=num_sums, leaf=leaf, num_levels=num_levels, seed=seed,
                          dtype=dtype, max_params=max_params, var_levels=var_levels,
-                         min_var=float(min_var), max_var=float(max_var))
+                         min_var=float(min_var), max_var=float(max_var), var_min_var=floors)
     if image_shape is not None:
         model = EiNet.poon_domingos(image_shape, pd_num_pieces, config)
     else:

@@ -31,8 +31,8 @@ from mpifc.circuit.leaves.base import LOG_ZERO, MIN_FLOW, Leaf, Params
 from mpifc.circuit.leaves.binned import TAIL_MASS, FixedBins, Histogram, PiecewiseLinear, piecewise_fit_fixed_columns
 from mpifc.circuit.leaves.discrete import Bernoulli, Categorical
 from mpifc.circuit.leaves.factory import LEAF_TYPES, fit_leaf
-from mpifc.circuit.leaves.gaussian import DiscretizedGaussian, Gaussian
+from mpifc.circuit.leaves.gaussian import DiscretizedGaussian, Gaussian, tie_variance_floors
 
 __all__ = ["LEAF_TYPES", "LOG_ZERO", "MIN_FLOW", "TAIL_MASS", "Bernoulli", "Categorical", "DiscretizedGaussian",
            "FixedBins", "Gaussian", "Histogram", "Leaf", "Params", "PiecewiseLinear", "fit_leaf",
-           "piecewise_fit_fixed_columns"]
+           "piecewise_fit_fixed_columns", "tie_variance_floors"]

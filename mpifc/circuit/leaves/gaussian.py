@@ -206,3 +206,37 @@ class DiscretizedGaussian(Leaf):
         m = float(np.average(u, weights=w))
         var = float(np.average((u - m) ** 2, weights=w)) + bin_width ** 2 / 12
         return cls(m, var, levels, bin_width, min_var, max_var)
+
+
+def tie_variance_floors(x: np.ndarray, real: Any) -> np.ndarray:
+    """Per column of ``x`` ``(n, d)``, the variance floor a Gaussian leaf on it gets from its ties.
+
+    A real column whose value ``v`` repeats (an imputed median, a point mass at 0, a few-valued
+    column left real) holds no information finer than the interval ``v`` stands for: from
+    halfway to the next lower distinct value to halfway to the next higher one (at an end of the
+    range, the inner half mirrored). The floor is the variance of a uniform over that interval
+    of the column's most repeated value, ``width^2 / 12``, so a component fitted to the repeats
+    cannot shrink onto one point and claim an unbounded density there. The rule every learner
+    applies (LearnSPN, RAT-SPN, EiNet), on the rows it fits, beside its own ``min_var``.
+
+    Args:
+        x: ``(n, d)`` float64 training rows (NaN ignored).
+        real: ``(d,)`` booleans; other columns get 0.
+
+    Returns:
+        ``(d,)`` float64 floors; 0 where a column has no repeated value or fewer than two
+        distinct values.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    out = np.zeros(x.shape[1])
+    for j in np.flatnonzero(np.asarray(real, dtype=bool)):
+        col = x[:, j]
+        uniq, counts = np.unique(col[~np.isnan(col)], return_counts=True)
+        if uniq.size < 2 or counts.max() < 2:
+            continue
+        i = int(np.argmax(counts))
+        below = uniq[i] - uniq[i - 1] if i > 0 else uniq[i + 1] - uniq[i]
+        above = uniq[i + 1] - uniq[i] if i < uniq.size - 1 else uniq[i] - uniq[i - 1]
+        width = 0.5 * (below + above)
+        out[j] = width * width / 12.0
+    return out
