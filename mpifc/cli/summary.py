@@ -75,6 +75,8 @@ def evaluate_text(s: dict[str, Any]) -> str:
     ll = s.get("test_ll")
     lines = [f"evaluated on {s.get('n_test')} test rows ({s.get('mode')}): test LL "
              + (f"{ll:.4f} nats per row" if isinstance(ll, float) and math.isfinite(ll) else "not finite")]
+    if s.get("ll_units"):
+        lines.append(f"  measure    {s.get('ll_measure')}: {s['ll_units']}")
     if s.get("accuracy") is not None:
         lines.append(f"  accuracy   {s['accuracy']:.4f}   macro F1 {s.get('f1_macro', float('nan')):.4f}   "
                      f"F1 (positive class) {s.get('f1', float('nan')):.4f}")

@@ -187,9 +187,12 @@ def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, c
         out["f1"] = None
         out["f1_macro"] = None
     out["test_ll"] = float(ll.mean())
-    from mpifc.federated.bpd import image_bpd  # null unless the manifest marks an image set
+    from mpifc.federated.bpd import image_bpd, ll_measure  # bpd: null unless pixels are levels
 
-    out["bpd"] = image_bpd(load_manifest(cfg["dir"]).raw, joint, query.expand_target)
+    manifest = load_manifest(cfg["dir"]).raw
+    measure = ll_measure(manifest)
+    out["ll_measure"], out["ll_units"] = measure["measure"], measure["text"]
+    out["bpd"] = image_bpd(manifest, joint, query.expand_target)
     train = fc.meta.get("train", {})
     out["bytes_train"] = train.get("bytes_train")
     out["train_seconds_critical_path"] = train.get("train_seconds_critical_path")

@@ -20,10 +20,27 @@ def test_bpd_formula_and_null_for_tables():
     assert abs(image_bpd(m, joint, "y") - want) < 1e-12
     assert abs(image_bpd({**m, "target": None, "feature_order": ["p0", "p1"]}, joint[:, :1], None)
                + np.mean(np.log([0.1, 0.2])) / (2 * math.log(2))) < 1e-12
-    # Standardised pixels: the density moves back to the level scale by -sum log std.
-    pre = {"columns": {f"p{i}": {"std": 2.0, "mean": 0.0} for i in range(4)}}
-    assert abs(image_bpd({**m, "preprocessing": pre}, joint, "y") - (want + 4 * math.log(2.0) / (4 * math.log(2)))) < 1e-12
+    levels = {f"p{i}": {"meta_type": "discrete"} for i in range(4)}
+    assert abs(image_bpd({**m, "features": levels}, joint, "y") - want) < 1e-12
+    # Standardised pixels are modelled by densities over reals: no bits per level for them.
+    real = {f"p{i}": {"meta_type": "real"} for i in range(4)}
+    assert image_bpd({**m, "features": real}, joint, "y") is None
     assert image_bpd({**m, "image": None}, joint, "y") is None
+
+
+def test_the_measure_names_mass_and_density_columns_and_their_units():
+    from mpifc.federated.bpd import ll_measure
+
+    feats = {"a": {"meta_type": "real"}, "b": {"meta_type": "real"}, "c": {"meta_type": "discrete"},
+             "y": {"meta_type": "discrete"}}
+    pre = {"columns": {"a": {"transform": "normal-score"}, "b": {"mean": 0.0, "std": 2.0}}}
+    m = ll_measure({"features": feats, "feature_order": ["a", "b", "c", "y"], "preprocessing": pre})
+    assert m["measure"] == "density x mass" and m["mass_columns"] == 2 and m["density_columns"] == 2
+    assert m["density_units"] == {"normal-score": 1, "standardised": 1}
+    assert m["text"] == ("nats per row: log probability mass of 2 discrete columns + log density of 2 real "
+                         "columns (1 in normal-score units, 1 in standardised units)")
+    assert ll_measure({"features": {"c": {"meta_type": "categorical"}}, "feature_order": ["c"]})["measure"] == "mass"
+    assert ll_measure({"features": {"a": {"meta_type": "real"}}, "feature_order": ["a"]})["measure"] == "density"
 
 
 def _train_gathered(shards, tmp_path):
@@ -44,7 +61,8 @@ def test_evaluate_reports_bpd_only_for_images(tmp_path):
     shards = write_shards(tmp_path / "tab", "horizontal", binary_table(90, 1), binary_table(20, 2))
     model = _train_gathered(shards, tmp_path)
     cfg = {"dir": str(shards), "model": str(model), "batch": 7, "output_npz": str(tmp_path / "j.npz")}
-    assert evaluate_gathered(cfg)["bpd"] is None
+    table = evaluate_gathered(cfg)
+    assert table["bpd"] is None and table["ll_measure"] == "mass"  # binary columns: masses
     man = json.loads((shards / "manifest.json").read_text())
     man["image"] = {"shape": [2, 2], "levels": 2, "range": [0, 1], "file_scale": 1.0}
     (shards / "manifest.json").write_text(json.dumps(man))
