@@ -2,7 +2,10 @@
 
 The target is an ordinary feature column (``manifest.target``) holding class codes ``0..k-1``.
 A client that holds it (every client in horizontal FL, the label owner in vertical FL) gets its
-labels from it; the column is never a feature of its own model.
+labels from it; the column is never a feature of its own model. Level-coded columns (``discrete``
+with more than two levels: counts, categoricals ordered by class rate) enter as
+``code / (levels - 1)``, in [0, 1], so that no column's raw code range outweighs the standardised
+real columns in an MLP's inputs.
 """
 from __future__ import annotations
 
@@ -58,6 +61,19 @@ def split_xy(features: list[str], x: np.ndarray, ids: np.ndarray, target: str, k
     return XY(list(features), x, None, ids)
 
 
+def _unit_levels(manifest: Manifest, xy: XY) -> XY:
+    """``xy`` with its level-coded columns divided by ``levels - 1`` (see the module doc)."""
+    div = np.ones(len(xy.features))
+    for j, f in enumerate(xy.features):
+        meta = manifest.features.get(f) or {}
+        k = int(meta.get("n_categories") or 0)
+        if meta.get("meta_type") == "discrete" and k > 2:
+            div[j] = k - 1
+    if np.all(div == 1.0):
+        return xy
+    return XY(xy.features, xy.x / div, xy.y, xy.ids)
+
+
 def client_xy(manifest: Manifest, index: int, part: str = "train") -> XY:
     """Client ``index``'s train or test rows, target split off; sorted by sample id.
 
@@ -67,13 +83,15 @@ def client_xy(manifest: Manifest, index: int, part: str = "train") -> XY:
     x, ids = (shard.x_train, shard.ids_train) if part == "train" else (shard.x_test, shard.ids_test)
     order = np.argsort(ids, kind="stable")
     where = f"{manifest.directory}: client {index} ({part})"
-    return split_xy(shard.features, x[order], ids[order], manifest.target, n_classes(manifest), where)
+    return _unit_levels(manifest, split_xy(shard.features, x[order], ids[order], manifest.target,
+                                           n_classes(manifest), where))
 
 
 def test_xy(manifest: Manifest) -> XY:
     """The held-out test set over every feature, target split off."""
     t = read_test(manifest.directory)
-    return split_xy(t.features, t.x, t.ids, manifest.target, n_classes(manifest), f"{manifest.directory}: test set")
+    return _unit_levels(manifest, split_xy(t.features, t.x, t.ids, manifest.target, n_classes(manifest),
+                                           f"{manifest.directory}: test set"))
 
 
 def central_train_xy(directory: str | Path) -> tuple[Manifest, XY]:
@@ -100,7 +118,7 @@ def central_train_xy(directory: str | Path) -> tuple[Manifest, XY]:
             y[rows] = part.y
     if (y < 0).any():
         raise UserError(f"{m.directory}: {int((y < 0).sum())} training rows have no label on any client")
-    return m, XY(cols, x, y, ids)
+    return m, _unit_levels(m, XY(cols, x, y, ids))
 
 
 def scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:

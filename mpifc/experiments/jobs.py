@@ -35,10 +35,13 @@ class ShardSpec:
     label_owner: str | int | None = None
 
     def dirname(self) -> str:
+        from data_prep.prepare import PREPROCESSING
+
         owner = "" if self.label_owner is None else f"-lo{self.label_owner}"
         rows = "all" if self.max_rows is None else str(self.max_rows)
+        # the preprocessing defaults' name: shards of other defaults are never reused
         return (f"{self.dataset.replace(':', '_')}-{self.setting}{self.clients}-{self.split}{owner}"
-                f"-rows{rows}-seed{self.seed}")
+                f"-rows{rows}-seed{self.seed}-{PREPROCESSING}")
 
 
 class ShardCache:

@@ -54,3 +54,23 @@ def short_error(rec: dict[str, Any] | None, limit: int = 90) -> str:
     msg = str(rec.get("error") or rec.get("reason") or rec.get("status") or "")
     msg = msg.strip().splitlines()[0] if msg.strip() else "failed"
     return f"{rec.get('status', 'failed')}: {msg[:limit]}"
+
+
+def describe_preprocessing(manifest: dict[str, Any]) -> str:
+    """One line: what data_prep made of a shard set's columns (``manifest.json`` as a dict), e.g.
+    ``6 level-coded (discrete), 4 normal-score, 1 standardize (scale chosen on validation rows)``."""
+    pre = manifest.get("preprocessing") or {}
+    cols = pre.get("columns") or {}
+    kinds: dict[str, int] = {}
+    for entry in cols.values():
+        kind = entry.get("transform") or ("standardize" if entry.get("std") is not None else
+                                          "target-encoding" if entry.get("encoding") else "none")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    names = {"levels": "level-coded (discrete)", "normal-score": "normal-score", "standardize": "standardised",
+             "target-encoding": "target-encoded reals", "codes": "categorical codes", "none": "unscaled"}
+    parts = [f"{n} {names.get(k, k)}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])]
+    target = manifest.get("target")
+    text = ", ".join(parts) + (f" columns, plus the label {target!r} (discrete)" if target else " columns")
+    if pre.get("selection"):
+        text += "; each real column's scale chosen on validation rows carved from the training rows"
+    return text

@@ -526,12 +526,31 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
                            f"(leaf={TABULAR_LEAF}, as the paper's MSPNs), RDC as SPFlow's LearnSPN (k=20, "
                            "ties ranked in row order: mpifc.experiments.paper.SPFLOW_RDC); the same "
                            "settings on both sides of every ratio; LL cent. uses the horizontal cell's",
+        **_measures(records),
         **extra_mnist,
     }) + "\n" + markdown_table(header, table) + "\n"
     files.append(_write_md(out / "table1.md", md))
     files.append(plot(out / "table1.png", agg, datasets, settings))
     return {"files": [str(f) for f in files], "counts": counts, "markdown": md, "records": records,
             "aggregate": agg}
+
+
+def _measures(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Per tabular dataset: what data_prep made of its columns and what its LL measures (from the
+    shards of its first finished FedPC cell)."""
+    from data_prep.shards import load_manifest
+    from mpifc.experiments.report import describe_preprocessing
+    from mpifc.federated.bpd import ll_measure
+
+    out: dict[str, str] = {}
+    for r in records:
+        ds = r.get("dataset")
+        if ds == "mnist" or r.get("status") != OK or not r.get("shards") or f"measure ({ds})" in out:
+            continue
+        raw = load_manifest(Path(r["shards"])).raw
+        out[f"preprocessing ({ds})"] = describe_preprocessing(raw)
+        out[f"measure ({ds})"] = ll_measure(raw)["text"]
+    return out
 
 
 def _write_md(path: Path, text: str) -> Path:
