@@ -20,7 +20,14 @@ A shard directory ``DIR`` holds::
      "label_owner": 0 | "all",
      "preprocessing": {"encode", "impute", "standardize", "fitted_on": "train",
                        "n_fit_rows", "columns": {name: {"meta_type", "raw_meta_type",
-                       "encoding"?, "encoding_missing"?, "impute"?, "mean"?, "std"?}},
+                       "transform": "levels"|"standardize"|"normal-score"|"target-encoding"|
+                                    "codes"|"none",
+                       "encoding"?, "encoding_missing"?, "impute"?, "mean"?, "std"?,
+                       "levels"? (numeric levels, or a categorical's labels in level order,
+                                  null = missing), "normal_score"? {"x", "z", "scale_lo",
+                       "scale_hi"}, "selection"? {candidate: validation nats per row}}},
+                       "selection"? {"rule", "candidates", "seed", "fit_rows",
+                       "validation_rows"},
                        "missing": {name: {"train": count, "test": count}}},
      "partition": {those that apply: "class_owners", "dirichlet_proportions",
                    "dirichlet_draws", "segments", "shared_features", "patches", "overlap"},
@@ -42,7 +49,8 @@ label-split client's test rows hold its classes), ``test/ids`` int64 ``(n_test,)
 
 The target is an ordinary column holding class codes ``0..k-1`` (never encoded or scaled);
 its meta-type is ``discrete`` for two classes, else ``categorical``. Standardized values map
-back to the source scale as ``raw = x * std + mean`` (``preprocessing.columns``); image
+back to the source scale as ``raw = x * std + mean``, normal scores through their knots, level
+codes ``c`` to ``levels[c]`` (``preprocessing.columns``; ``data_prep.preprocess``); image
 pixels are levels ``0..L-1`` that were ``level * file_scale`` in the source file.
 
 A client rank reads only its own shard with :func:`read_client`; any missing, malformed or
