@@ -65,3 +65,12 @@ def test_missing_sbatch_is_one_line_exit_2(submit, tmp_path, capsys, monkeypatch
     assert submit.main(["--ranks", "2", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("submit_sweep: no sbatch on PATH") and "\n" not in err
+
+
+def test_local_cluster_script_usage_is_one_line_exit_2(tmp_path):
+    script = SLURM / "local-cluster.sh"
+    bash_n(script)
+    for args in ([], ["start"], ["up"], ["down", str(tmp_path / "none")]):
+        r = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
