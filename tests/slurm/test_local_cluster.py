@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -18,11 +19,12 @@ import numpy as np
 import pytest
 
 from tests.mpi_util import mpiexec_path
-from tests.slurm.conftest import REPO, Cluster, run_cmd
+from tests.slurm.conftest import Cluster, run_cmd
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
 
-MPIFC = str(Path(sys.executable).parent / "mpifc")
+_SCRIPT = Path(sys.executable).parent / "mpifc"
+MPIFC = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "mpifc"]  # `mpifc`, as users type it
 TRAIN_OPTS = ["--seed", "0", "--threshold", "0.4", "--min-instances-slice", "30"]
 JOB_MINUTES = "10"  # a Slurm time limit on every job: a stuck job ends even if the test's own timeout fails
 # One failing rank ends the step (as mpifc's launcher does) rather than leaving the others waiting.
@@ -46,8 +48,8 @@ def shards(tmp_path_factory) -> Path:
 def srun_model(slurm: Cluster, shards: Path, tmp_path_factory) -> tuple[Path, dict]:
     """``srun -n 4 mpifc train``, run once for the comparisons below."""
     d = tmp_path_factory.mktemp("srun-train")
-    r = slurm.run([*SRUN, "-n", "4", MPIFC, "train", shards, *TRAIN_OPTS,
-                   "--model", "model.h5", "--json"], timeout=180, cwd=d)
+    r = slurm.run([*SRUN, "-n", "4", *MPIFC, "train", shards, *TRAIN_OPTS,
+                   "--model", "model.h5", "--json"], timeout=HANG, cwd=d)
     assert r.returncode == 0, r.stderr[-3000:] + slurm.logs()
     return d / "model.h5", json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -95,8 +97,8 @@ def test_srun_gives_one_communicator_of_n_ranks(slurm: Cluster):
 
 def test_srun_train_writes_the_model_mpiexec_writes(slurm: Cluster, shards: Path, srun_model, tmp_path):
     model, summary = srun_model
-    r = run_cmd([mpiexec_path(), "-n", "4", MPIFC, "train", shards, *TRAIN_OPTS, "--model", "model.h5", "--json"],
-                slurm.env, timeout=180, cwd=tmp_path)
+    r = run_cmd([mpiexec_path(), "-n", "4", *MPIFC, "train", shards, *TRAIN_OPTS, "--model", "model.h5", "--json"],
+                slurm.env, timeout=HANG, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     ref = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["ranks"] == ref["ranks"] == 4
@@ -109,10 +111,10 @@ def test_srun_train_writes_the_model_mpiexec_writes(slurm: Cluster, shards: Path
 
 def test_srun_distributed_evaluate_matches_gathered(slurm: Cluster, shards: Path, srun_model):
     model, _ = srun_model
-    dist = slurm.run([*SRUN, "-n", "4", MPIFC, "evaluate", shards, "--model", model,
-                      "--distributed", "--json"], timeout=180)
+    dist = slurm.run([*SRUN, "-n", "4", *MPIFC, "evaluate", shards, "--model", model,
+                      "--distributed", "--json"], timeout=HANG)
     assert dist.returncode == 0, dist.stderr[-3000:] + slurm.logs()
-    gathered = run_cmd([MPIFC, "evaluate", shards, "--model", model, "--json"], slurm.env, timeout=120)
+    gathered = run_cmd([*MPIFC, "evaluate", shards, "--model", model, "--json"], slurm.env, timeout=HANG)
     assert gathered.returncode == 0, gathered.stderr[-3000:]
     d, g = (json.loads(x.stdout.strip().splitlines()[-1]) for x in (dist, gathered))
     assert (d["mode"], d["ranks"], g["mode"]) == ("distributed", 4, "gathered")
@@ -159,7 +161,7 @@ def test_submit_sweep_one_job_per_rank_count_then_aggregate(slurm: Cluster, tmp_
     # Aggregation only: every cell is done, so no job may start (an mpiexec that always fails
     # would turn a missing cell into a failed row).
     agg = run_cmd([sys.executable, "launch/sweep.py", "--ranks", "2,4", "--out", out, *SWEEP_ARGS, "--quick",
-                   "--no-progress"], {**slurm.env, "MPIFC_MPIEXEC": "false"}, timeout=120)
+                   "--no-progress"], {**slurm.env, "MPIFC_MPIEXEC": "false"}, timeout=HANG)
     assert agg.returncode == 0, agg.stderr[-3000:]
     rows = read_summary(out / "summary.csv")
     assert sorted((x["setting"], x["clients"], x["status"]) for x in rows) == [("strong", "1", "ok"),
@@ -191,8 +193,8 @@ def test_scancel_mid_training_leaves_no_model_and_no_process(slurm: Cluster, sha
     model, one_pass = tmp_path / "model.h5", tmp_path / "one-pass.h5"
     # The one-pass model is written when EM refinement starts, and EM then runs far longer than
     # the test waits: once one-pass.h5 is there, the job is mid-training.
-    train = (f"srun --kill-on-bad-exit=1 {MPIFC} train {shards} {' '.join(TRAIN_OPTS)} --refine em --em-iters 1000000 "
-             f"--em-initial-model {one_pass} --model {model}")
+    train = shlex.join([*SRUN[:2], *MPIFC, "train", str(shards), *TRAIN_OPTS, "--refine", "em", "--em-iters", "1000000",
+                      "--em-initial-model", str(one_pass), "--model", str(model)])
     r = slurm.run(["sbatch", "--parsable", "--ntasks=4", f"--time={JOB_MINUTES}", f"--output={tmp_path}/job.out",
                    f"--wrap={train}"], timeout=30)
     assert r.returncode == 0, r.stderr
@@ -204,7 +206,7 @@ def test_scancel_mid_training_leaves_no_model_and_no_process(slurm: Cluster, sha
         assert slurm.queued([job_id]), "the job ended before EM started: " + (out.read_text() if out.exists() else "")
         time.sleep(0.3)
     ranks = {p: c for p, c in job_processes(job_id, slurm.conf).items()
-             if Path(c.split()[0]).name.startswith("python") and f"{MPIFC} train" in c}  # not srun, not sh
+             if Path(c.split()[0]).name.startswith("python") and " train " in c}  # not srun, not sh
     assert len(ranks) == 4 and not model.exists(), ranks
     slurm.check(["scancel", job_id])
     slurm.wait_drained([job_id], timeout=60)
