@@ -74,3 +74,21 @@ def test_local_cluster_script_usage_is_one_line_exit_2(tmp_path):
         r = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_slurm_tests_skip_with_one_reason_where_slurm_cannot_be_installed(monkeypatch):
+    from tests.slurm import conftest as local
+
+    apt = {"apt-get": "/usr/bin/apt-get"}
+    monkeypatch.setattr(local.shutil, "which", lambda name, **kw: None)  # no Slurm, no munge, no apt-get
+    monkeypatch.setattr(local.os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.skip.Exception, match=r"\(munged, .* missing\); installing them needs root"):
+        local._install_or_skip()
+    monkeypatch.setattr(local.os, "geteuid", lambda: 0)
+    with pytest.raises(pytest.skip.Exception, match="no apt-get to install them"):
+        local._install_or_skip()
+    monkeypatch.setattr(local.shutil, "which", lambda name, **kw: apt.get(name))
+    failed = subprocess.CompletedProcess([], 100, "", "E: Unable to locate package slurm-wlm\n")
+    monkeypatch.setattr(local, "run_cmd", lambda *a, **kw: failed)
+    with pytest.raises(pytest.skip.Exception, match="could not install .*: E: Unable to locate package slurm-wlm$"):
+        local._install_or_skip()
