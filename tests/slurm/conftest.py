@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -166,7 +167,7 @@ def _client_env(conf: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory) -> Cluster:
+def slurm(tmp_path_factory) -> Iterator[Cluster]:
     _install_or_skip()
     d = tmp_path_factory.mktemp("slurm-cluster")
     ctld_port, d_port = _free_ports(2)
@@ -175,10 +176,7 @@ def slurm(tmp_path_factory) -> Cluster:
     up_env = {**env, "SLURMCTLD_PORT": str(ctld_port), "SLURMD_PORT": str(d_port), "SLURM_LOCAL_CPUS": "8"}
     try:
         r = run_cmd(["bash", SCRIPT, "up", d], up_env, timeout=90)
-        for name in DAEMONS:
-            pid_file = d / f"{name}.pid"
-            if pid_file.exists():
-                cluster.pids[name] = int(pid_file.read_text().split()[0])
+        _read_pids(cluster)
         if r.returncode != 0:
             pytest.fail(f"the local Slurm cluster did not come up (exit {r.returncode}):\n{r.stderr}", pytrace=False)
         yield cluster
@@ -186,8 +184,17 @@ def slurm(tmp_path_factory) -> Cluster:
         _teardown(cluster, env)
 
 
+def _read_pids(cluster: Cluster) -> None:
+    for name in DAEMONS:
+        try:
+            cluster.pids[name] = int((cluster.dir / f"{name}.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # not started (or not yet written): nothing of it to stop
+
+
 def _teardown(cluster: Cluster, env: dict[str, str]) -> None:
     """The script's `down`, then whatever daemon is still there by its PID: none may outlive the run."""
+    _read_pids(cluster)  # again: a daemon may have written its PID file after a timed-out `up`
     try:
         run_cmd(["bash", SCRIPT, "down", cluster.dir], env, timeout=60)
     except subprocess.TimeoutExpired:
