@@ -247,11 +247,11 @@ def _column_blocks(d: int, kk: int, rows: int, block: int | None = None) -> list
     """Contiguous column ranges ``[(lo, hi), ...]`` covering ``0 .. d-1`` for
     :func:`_random_feature_rdc`.
 
-    ``block`` is the least number of columns per range (``None``: from :data:`_GRAM_BYTES` and
-    :data:`_FEATURE_BYTES`, one range whenever the whole ``(d kk, d kk)`` moment matrix and a row
-    block of all features fit). Ranges hold at least two columns (so that a range's own feature
-    matrix is never a single column, which numpy would reduce and multiply by other routines) and
-    differ in size by at most one.
+    ``block`` is the most columns per range (``None``: from :data:`_GRAM_BYTES` and
+    :data:`_FEATURE_BYTES`, so that two ranges' features and their moment matrix fit; one range
+    whenever all columns' do). Ranges differ in size by at most one and hold at least two
+    columns (so that a range's own feature matrix is never a single column, which numpy would
+    reduce and multiply by other routines), even where that exceeds ``block``.
     """
     if block is None:
         m = d * kk
@@ -259,8 +259,8 @@ def _column_blocks(d: int, kk: int, rows: int, block: int | None = None) -> list
             return [(0, d)]
         pair_features = min(math.isqrt(_GRAM_BYTES // 8), _FEATURE_BYTES // (8 * max(rows, 1)))
         block = pair_features // (2 * kk)
-    block = max(2, min(int(block), d))
-    n_blocks = max(1, d // block)
+    block = max(1, int(block))
+    n_blocks = max(1, min(-(-d // block), d // 2))
     edges = [d * b // n_blocks for b in range(n_blocks + 1)]
     return list(zip(edges[:-1], edges[1:]))
 
@@ -351,7 +351,7 @@ def _random_feature_rdc(
 ) -> np.ndarray:
     """The general RDC computation behind :func:`rdc_matrix` (same arguments).
 
-    Columns are processed in contiguous blocks (:func:`_column_blocks`; ``block``: least columns
+    Columns are processed in contiguous blocks (:func:`_column_blocks`; ``block``: most columns
     per block, ``None`` for the memory budget). Usually there is one block, the whole slice.
     With several, each block first gives its columns' means, whitening and within-block pairs;
     then every pair of blocks gives its cross pairs from the moments of the two blocks' columns

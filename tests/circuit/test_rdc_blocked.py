@@ -121,8 +121,8 @@ def test_blocked_rdc_equals_unblocked_bit_for_bit(ties: str, k: int) -> None:
         x, categorical, cards = _case(rng, t, n, d)
         seed = int(rng.integers(1 << 30))
         want = _unblocked_rdc(x, categorical, cards, k, np.random.default_rng(seed), ties)
-        # Every block size: 2 (the least), sizes that do not divide d (uneven blocks and pair
-        # counts per pair of blocks), and d (one block).
+        # Every block size: 1 and 2 (blocks of two or three), sizes that do not divide d (uneven
+        # blocks and pair counts per pair of blocks), and d and more (one block).
         for block in range(1, d + 2):
             got = rdc._random_feature_rdc(x, categorical, cards, k, rdc.RDC_S, np.random.default_rng(seed), ties,
                                           block=block)
@@ -161,13 +161,16 @@ def test_column_blocks_cover_the_columns_in_even_blocks_of_two_or_more() -> None
             sizes = [hi - lo for lo, hi in blocks]
             assert max(sizes) - min(sizes) <= 1
             assert min(sizes) >= min(2, d)
-            if block is not None and block >= 2:
-                assert min(sizes) >= min(block, d)
+            if block is not None:
+                assert max(sizes) <= max(block, 3)
     # Under the budget a slice is one block; past it, blocks whose pairs fit the budget.
     assert rdc._column_blocks(50, 20, 2500) == [(0, 50)]
-    blocks = rdc._column_blocks(1600, 20, 2500)
-    widest = max(hi - lo for lo, hi in blocks)
-    assert len(blocks) > 1 and (2 * widest * 20) ** 2 * 8 <= rdc._GRAM_BYTES * 1.1
+    for d, kk, rows in ((1600, 20, 2500), (1600, 10, 2500), (301, 10, 600), (900, 20, 8192), (5000, 1, 100)):
+        blocks = rdc._column_blocks(d, kk, rows)
+        widest = max(hi - lo for lo, hi in blocks)
+        assert len(blocks) > 1
+        assert (2 * widest * kk) ** 2 * 8 <= rdc._GRAM_BYTES
+        assert rows * 2 * widest * kk * 8 <= rdc._FEATURE_BYTES
 
 
 def test_wide_rdc_keeps_its_work_arrays_within_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
