@@ -15,8 +15,9 @@ Queries that need the root value only (likelihoods, marginals, conditionals, max
 run on a :class:`RootPlan` when the circuit has many leaves of a finite domain (Bernoulli,
 Categorical) under wide products, as LearnSPN builds on wide discrete tables: such a product's
 leaf terms are one column of a one-hot matrix product, ``onehot(x) @ tables``, so neither the
-``(batch, n_leaves)`` leaf values nor the gathers of their edges are formed. The terms are then
-summed in another order than the generic pass (equal to rounding).
+``(batch, n_leaves)`` leaf values nor the gathers of their edges are formed, and the remaining
+nodes are evaluated node-major. The leaf terms are summed in another order than the generic
+pass (equal to rounding).
 """
 from __future__ import annotations
 
@@ -156,7 +157,8 @@ class OneHot:
     Value ``k`` of the ``v``-th folded variable is feature ``first[v] + k``, except values
     ``k < shift[v]`` and missing values, which have none (they go to the last, all-zero row of
     ``table``). ``shift[v] = 1`` makes value 0 a baseline: its log-values are summed into
-    ``const`` and the other values' rows hold differences from it.
+    ``const`` and the other values' rows hold differences from it. ``binary``: every variable
+    is binary with a baseline, so feature ``v`` is the value of variable ``v`` itself.
 
     Attributes:
         shift: ``(m,)`` 0 or 1.
@@ -169,6 +171,7 @@ class OneHot:
     first: torch.Tensor
     table: torch.Tensor
     const: torch.Tensor | None
+    binary: bool = False
 
     @classmethod
     def build(cls, lp: torch.Tensor, v: torch.Tensor, q: torch.Tensor, size: torch.Tensor, shift: torch.Tensor,
@@ -183,7 +186,9 @@ class OneHot:
         table = torch.zeros(int(rows.sum()) + 1, n_prods, dtype=lp.dtype)
         table.index_put_((offset[v[e]] + k - shift[v[e]], q[e]), lp[e, k] - base[e], accumulate=True)
         const = torch.zeros(n_prods, dtype=lp.dtype).index_add_(0, q, base)
-        return cls(shift, offset - shift, table, const if bool(shift.any()) else None)
+        # Only binary variables with a baseline: the features are the values themselves.
+        binary = bool((size == 2).all() and (shift == 1).all())
+        return cls(shift, offset - shift, table, const if bool(shift.any()) else None, binary)
 
 
 @dataclass
@@ -192,7 +197,9 @@ class LeafFold:
 
     Attributes:
         cols: ``(m,)`` data column of each folded variable.
-        size: ``(m,)`` domain size ``K_v`` of each (the largest over its folded leaves).
+        all_columns: ``cols`` is every column in order.
+        size: ``(m,)`` domain size ``K_v`` of each (the largest over its folded leaves), in the
+            circuit's dtype.
         plain: one feature per value; used when a folded variable is missing in the batch.
         compact: value 0 as the baseline (one feature less per variable, half the features of
             binary ones) where no folded leaf of the variable has a log-value at or below
@@ -205,6 +212,7 @@ class LeafFold:
     """
 
     cols: torch.Tensor
+    all_columns: bool
     size: torch.Tensor
     plain: OneHot
     compact: OneHot
@@ -226,9 +234,10 @@ class RootPlan:
     The circuit's layers, with the edges from wide products to their finite-domain leaves
     replaced by one edge per product to a partial sum, ``onehot(x) @ table`` (:class:`OneHot`): the
     product's leaf log-values, summed by the matrix product. Leaves left without an edge are not
-    evaluated. Buffer layout ``(batch, n_nodes)``: the remaining leaves (``groups``, subsets of
-    the circuit's groups), the partial sums, then the inner nodes in the circuit's order. Sum
-    edges keep the circuit's order, so the circuit's ``log_weights[e0:e1]`` apply unchanged.
+    evaluated. Buffer layout, node-major ``(n_nodes, batch)``: the remaining leaves (``groups``,
+    subsets of the circuit's groups), the partial sums, then the inner nodes in the circuit's
+    order. Sum edges keep the circuit's order, so the circuit's ``log_weights[e0:e1]`` apply
+    unchanged.
     """
 
     groups: list[LeafGroup]
@@ -343,7 +352,7 @@ class RootPlan:
             pp = torch.cat([mine - L.p0, L.prod_parent[keep]])
             layers.append(Layer(L.p0 + moved, L.p1 + moved, pc, pp, L.s0 + moved, L.s1 + moved,
                                 new_index[L.sum_child], L.sum_parent, L.e0, L.e1))
-        fold = LeafFold(variables, k_v, plain, compact, miss_sum if bool(miss_sum.any()) else None,
+        fold = LeafFold(variables, len(variables) == len(cc.scope), k_v.to(dt), plain, compact, miss_sum if bool(miss_sum.any()) else None,
                         miss_max if bool(miss_max.any()) else None, f_start, f_start + len(prods))
         return cls(groups, fold, layers, cc.n_nodes + moved, int(new_index[cc.root_index]))
 
@@ -455,24 +464,15 @@ class CompiledCircuit:
 
     def forward(self, x: torch.Tensor, semiring: Semiring = SUM_PRODUCT) -> torch.Tensor:
         """Log-values of every node ``(batch, n_nodes)`` under ``semiring`` (x already converted)."""
-        return self._run(x, semiring, self.groups, self.layers, self.n_nodes)
-
-    def _run(self, x: torch.Tensor, semiring: Semiring, groups: list[LeafGroup], layers: list[Layer],
-             n_nodes: int, head: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """The upward pass over a node buffer ``(batch, n_nodes)`` laid out as ``groups`` and
-        ``layers`` describe; ``head = (start, values (batch, m))`` fills columns the layers read
-        but no leaf group writes (a :class:`RootPlan`'s partial sums)."""
         B = x.shape[0]
-        V = torch.empty(B, n_nodes, dtype=self.dtype)
-        if head is not None:
-            V[:, head[0]:head[0] + head[1].shape[1]] = head[1]
-        for g in groups:
+        V = torch.empty(B, self.n_nodes, dtype=self.dtype)
+        for g in self.groups:
             xs = x[:, g.cols]
             if semiring.is_max:
                 # Max-product marginalises a missing variable by its most probable value.
                 xs = torch.where(torch.isnan(xs), g.cls.batch_mode(g.P).to(self.dtype)[None, :], xs)
             V[:, g.start:g.stop] = g.cls.batch_log_prob(g.P, xs)
-        for L in layers:
+        for L in self.layers:
             if L.p1 > L.p0:
                 V[:, L.p0:L.p1] = torch.zeros(B, L.p1 - L.p0, dtype=self.dtype).index_add_(
                     1, L.prod_parent, V[:, L.prod_child])
@@ -510,28 +510,56 @@ class CompiledCircuit:
 
     def _plan_root(self, plan: RootPlan, x: torch.Tensor, semiring: Semiring) -> torch.Tensor | None:
         """Root log-values ``(batch,)`` by ``plan``; ``None`` if a folded variable holds a value
-        outside its domain (neither ``0 .. K_v - 1`` nor missing)."""
+        outside its domain (neither ``0 .. K_v - 1`` nor missing).
+
+        The buffer is node-major, ``(n_nodes, batch)``: the generic pass's operations per node
+        along the other axis, so that gathers and scatters move whole rows of the batch (several
+        times faster than the columns of a row-major buffer); each value is the same, sums still
+        running in edge order.
+        """
         f = plan.fold
-        xs = x[:, f.cols]
+        B = x.shape[0]
+        xs = x if f.all_columns else x[:, f.cols]
         missing = torch.isnan(xs)
-        value = torch.where(missing, torch.zeros_like(xs), xs)
-        if not bool(((value >= 0) & (value < f.size) & (value == torch.floor(value))).all()):
-            return None
         incomplete = bool(missing.any())
+        value = torch.where(missing, torch.zeros_like(xs), xs) if incomplete else xs
         # A missing value has no feature; its leaves' values come from the missing rows, which
         # the compact form would have to offset by the baseline (a difference of large sums).
         enc = f.plain if incomplete else f.compact
-        sink = enc.table.shape[0] - 1
-        code = value.long()
-        feature = torch.where(missing | (code < enc.shift), sink, code + enc.first)
-        onehot = torch.zeros(x.shape[0], sink + 1, dtype=self.dtype).scatter_(1, feature, 1.0)
-        part = onehot @ enc.table
+        if enc.binary:
+            ok = ((value == 0) | (value == 1)).all()
+        else:
+            ok = ((value >= 0) & (value < f.size) & (value == torch.floor(value))).all()
+        if not bool(ok):
+            return None
+        V = torch.empty(plan.n_nodes, B, dtype=self.dtype)
+        part = V[f.start:f.stop]
+        if enc.binary:
+            torch.matmul(enc.table[:-1].T, value.T, out=part)
+        else:
+            sink = enc.table.shape[0] - 1
+            code = value.long()
+            feature = torch.where(missing | (code < enc.shift), sink, code + enc.first)
+            onehot = torch.zeros(B, sink + 1, dtype=self.dtype).scatter_(1, feature, 1.0)
+            torch.matmul(enc.table.T, onehot.T, out=part)
         if enc.const is not None:
-            part += enc.const
+            part += enc.const[:, None]
         extra = f.missing_max if semiring.is_max else f.missing_sum
         if incomplete and extra is not None:
-            part += missing.to(self.dtype) @ extra
-        return self._run(x, semiring, plan.groups, plan.layers, plan.n_nodes, (f.start, part))[:, plan.root_index]
+            part.addmm_(extra.T, missing.T.to(self.dtype))
+        for g in plan.groups:
+            xg = x[:, g.cols]
+            if semiring.is_max:
+                xg = torch.where(torch.isnan(xg), g.cls.batch_mode(g.P).to(self.dtype)[None, :], xg)
+            V[g.start:g.stop] = g.cls.batch_log_prob(g.P, xg).T
+        for L in plan.layers:
+            if L.p1 > L.p0:
+                V[L.p0:L.p1] = torch.zeros(L.p1 - L.p0, B, dtype=self.dtype).index_add_(
+                    0, L.prod_parent, V[L.prod_child])
+            if L.s1 > L.s0:
+                vals = V[L.sum_child] + self.log_weights[L.e0:L.e1, None]
+                V[L.s0:L.s1] = semiring.plus_rows(vals, L.sum_parent, L.s1 - L.s0)
+        return V[plan.root_index]
 
     @torch.no_grad()
     def log_likelihood(self, x: Any) -> torch.Tensor:
