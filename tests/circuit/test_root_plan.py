@@ -17,6 +17,7 @@ from mpifc.circuit import compiled
 from mpifc.circuit.graph import LeafNode, Node, ProductNode, SumNode
 from mpifc.circuit.leaves import Bernoulli, Categorical, Gaussian
 from mpifc.circuit.learnspn import learn_spn
+from mpifc.circuit.semiring import MAX_PRODUCT, SUM_PRODUCT
 from mpifc.circuit.spn import SPN
 
 
@@ -209,3 +210,19 @@ def test_float32_circuits(fold_everything: None) -> None:
     got, want = spn.log_likelihood(x), _generic(spn, "log_likelihood", x)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_node_major_segment_reductions_equal_the_row_major_ones_exactly() -> None:
+    """The plan's sums reduce along rows; the values must be the generic pass's, bit for bit."""
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        n_seg, batch = int(rng.integers(1, 30)), int(rng.integers(1, 50))
+        seg = torch.as_tensor(np.sort(rng.integers(0, n_seg, int(rng.integers(n_seg, 4 * n_seg + 1)))))
+        seg[:n_seg] = torch.arange(n_seg)  # every segment non-empty
+        seg = seg.sort().values
+        vals = torch.as_tensor(rng.normal(size=(batch, len(seg))) * 50)
+        vals[torch.as_tensor(rng.random(vals.shape) < 0.1)] = -torch.inf
+        vals[:, seg == 0] = -torch.inf  # a segment without mass in every row
+        for semiring in (SUM_PRODUCT, MAX_PRODUCT):
+            rows = semiring.plus_rows(vals.T.contiguous(), seg, n_seg)
+            assert torch.equal(rows.T, semiring.plus(vals, seg, n_seg))
