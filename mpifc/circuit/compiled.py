@@ -237,12 +237,14 @@ class RootPlan:
     evaluated. Buffer layout, node-major ``(n_nodes, batch)``: the remaining leaves (``groups``,
     subsets of the circuit's groups), the partial sums, then the inner nodes in the circuit's
     order. Sum edges keep the circuit's order, so the circuit's ``log_weights[e0:e1]`` apply
-    unchanged.
+    unchanged. ``pair_sums[i]``: every sum of layer ``i`` has two children (see
+    :meth:`Semiring.plus_rows`).
     """
 
     groups: list[LeafGroup]
     fold: LeafFold
     layers: list[Layer]
+    pair_sums: list[bool]
     n_nodes: int
     root_index: int
 
@@ -354,7 +356,9 @@ class RootPlan:
                                 new_index[L.sum_child], L.sum_parent, L.e0, L.e1))
         fold = LeafFold(variables, len(variables) == len(cc.scope), k_v.to(dt), plain, compact, miss_sum if bool(miss_sum.any()) else None,
                         miss_max if bool(miss_max.any()) else None, f_start, f_start + len(prods))
-        return cls(groups, fold, layers, cc.n_nodes + moved, int(new_index[cc.root_index]))
+        pair_sums = [len(L.sum_child) == 2 * (L.s1 - L.s0) and bool(
+            torch.equal(L.sum_parent, torch.arange(L.s1 - L.s0).repeat_interleave(2))) for L in layers]
+        return cls(groups, fold, layers, pair_sums, cc.n_nodes + moved, int(new_index[cc.root_index]))
 
 
 def _idx(a: Sequence[int]) -> torch.Tensor:
@@ -552,13 +556,13 @@ class CompiledCircuit:
             if semiring.is_max:
                 xg = torch.where(torch.isnan(xg), g.cls.batch_mode(g.P).to(self.dtype)[None, :], xg)
             V[g.start:g.stop] = g.cls.batch_log_prob(g.P, xg).T
-        for L in plan.layers:
+        for L, pairs in zip(plan.layers, plan.pair_sums):
             if L.p1 > L.p0:
                 V[L.p0:L.p1] = torch.zeros(L.p1 - L.p0, B, dtype=self.dtype).index_add_(
                     0, L.prod_parent, V[L.prod_child])
             if L.s1 > L.s0:
                 vals = V[L.sum_child] + self.log_weights[L.e0:L.e1, None]
-                V[L.s0:L.s1] = semiring.plus_rows(vals, L.sum_parent, L.s1 - L.s0)
+                V[L.s0:L.s1] = semiring.plus_rows(vals, L.sum_parent, L.s1 - L.s0, pairs)
         return V[plan.root_index]
 
     @torch.no_grad()

@@ -67,8 +67,20 @@ class Semiring:
             return segment_max(vals, seg, n_seg)
         return segment_logsumexp(vals, seg, n_seg)
 
-    def plus_rows(self, vals: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
-        """:meth:`plus` with node-major layout: ``(E, batch)`` -> ``(n_seg, batch)``."""
+    def plus_rows(self, vals: torch.Tensor, seg: torch.Tensor, n_seg: int, pairs: bool = False) -> torch.Tensor:
+        """:meth:`plus` with node-major layout: ``(E, batch)`` -> ``(n_seg, batch)``.
+
+        ``pairs``: the edges are consecutive pairs, ``seg == [0, 0, 1, 1, ...]`` (sums of two
+        children, as LearnSPN's two-cluster splits make). The pair is then reduced in place of
+        the scatter, with the same values (a sum of two terms does not depend on their order).
+        """
+        if pairs:
+            v = vals.view(n_seg, 2, vals.shape[1])
+            m = torch.maximum(v[:, 0], v[:, 1])
+            if self.is_max:
+                return m
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            return torch.log(torch.exp(v[:, 0] - m) + torch.exp(v[:, 1] - m)) + m
         if self.is_max:
             return segment_max_rows(vals, seg, n_seg)
         return segment_logsumexp_rows(vals, seg, n_seg)

@@ -223,6 +223,11 @@ def test_node_major_segment_reductions_equal_the_row_major_ones_exactly() -> Non
         vals = torch.as_tensor(rng.normal(size=(batch, len(seg))) * 50)
         vals[torch.as_tensor(rng.random(vals.shape) < 0.1)] = -torch.inf
         vals[:, seg == 0] = -torch.inf  # a segment without mass in every row
+        pairs = torch.arange(n_seg).repeat_interleave(2)  # sums of two children
+        both = torch.as_tensor(rng.normal(size=(batch, 2 * n_seg)) * 50)
+        both[torch.as_tensor(rng.random(both.shape) < 0.2)] = -torch.inf
         for semiring in (SUM_PRODUCT, MAX_PRODUCT):
             rows = semiring.plus_rows(vals.T.contiguous(), seg, n_seg)
             assert torch.equal(rows.T, semiring.plus(vals, seg, n_seg))
+            rows = semiring.plus_rows(both.T.contiguous(), pairs, n_seg, pairs=True)
+            assert torch.equal(rows.T, semiring.plus(both, pairs, n_seg))
