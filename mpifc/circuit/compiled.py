@@ -354,8 +354,9 @@ class RootPlan:
             pp = torch.cat([mine - L.p0, L.prod_parent[keep]])
             layers.append(Layer(L.p0 + moved, L.p1 + moved, pc, pp, L.s0 + moved, L.s1 + moved,
                                 new_index[L.sum_child], L.sum_parent, L.e0, L.e1))
-        fold = LeafFold(variables, len(variables) == len(cc.scope), k_v.to(dt), plain, compact, miss_sum if bool(miss_sum.any()) else None,
-                        miss_max if bool(miss_max.any()) else None, f_start, f_start + len(prods))
+        fold = LeafFold(variables, len(variables) == len(cc.scope), k_v.to(dt), plain, compact,
+                        miss_sum if bool(miss_sum.any()) else None, miss_max if bool(miss_max.any()) else None,
+                        f_start, f_start + len(prods))
         pair_sums = [len(L.sum_child) == 2 * (L.s1 - L.s0) and bool(
             torch.equal(L.sum_parent, torch.arange(L.s1 - L.s0).repeat_interleave(2))) for L in layers]
         return cls(groups, fold, layers, pair_sums, cc.n_nodes + moved, int(new_index[cc.root_index]))
