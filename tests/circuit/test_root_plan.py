@@ -150,7 +150,7 @@ def test_fully_missing_rows_equal_the_generic_pass_exactly(fold_everything: None
         kinds = _kinds(rng, 9, "discrete")
         spn = SPN(_circuit(kinds, rng))
         x = np.full((3, 9), np.nan)
-        got = spn.log_likelihood(x)
+        got = spn.circuit.log_likelihood(x)
         assert torch.equal(got, _generic(spn, "log_likelihood", x))
         assert float(got.abs().max()) < 1e-14
 
@@ -179,7 +179,7 @@ def test_plan_follows_em_updates(fold_everything: None) -> None:
     for _ in range(2):
         spn.apply_em(spn.em_statistics(x))
         assert spn.circuit.root_plan() is not before
-        _close(spn.log_likelihood(x), _generic(spn, "log_likelihood", x))
+        _close(spn.circuit.log_likelihood(x), _generic(spn, "log_likelihood", x))
     assert spn.circuit.root_plan() is spn.circuit.root_plan()  # kept while the parameters stand
 
 
@@ -189,11 +189,11 @@ def test_conditionals_and_predictions_through_the_plan(fold_everything: None) ->
     spn = SPN(_circuit(kinds, rng))
     x = _data(kinds, 100, rng, 0.2)
     x[:, 2] = np.nan_to_num(x[:, 2])
-    got_c = spn.conditional(x, [2, 5])
-    _, got_p = spn.predict_proba(x, 2)
+    got_c = spn.circuit.conditional(x, [2, 5])
+    _, got_p = spn.circuit.predict_proba(x, 2)
     spn.circuit.fold_leaves = False
-    want_c = spn.conditional(x, [2, 5])
-    _, want_p = spn.predict_proba(x, 2)
+    want_c = spn.circuit.conditional(x, [2, 5])
+    _, want_p = spn.circuit.predict_proba(x, 2)
     spn.circuit.fold_leaves = True
     finite = torch.isfinite(want_c)
     assert torch.equal(finite, torch.isfinite(got_c))
@@ -207,7 +207,7 @@ def test_float32_circuits(fold_everything: None) -> None:
     root = _circuit(kinds, rng)
     spn = SPN(root, dtype=torch.float32)
     x = _data(kinds, 200, rng, 0.2)
-    got, want = spn.log_likelihood(x), _generic(spn, "log_likelihood", x)
+    got, want = spn.circuit.log_likelihood(x), _generic(spn, "log_likelihood", x)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
