@@ -13,13 +13,13 @@ process predicts each target from the other features of the test rows (``test.h5
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mpifc.errors import UserError
+from mpifc.runtime.jsonout import finite_json
 from mpifc.ngm.schema import Feature, Schema, categorical, real
 
 
@@ -139,7 +139,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         summary["bytes_by_phase"] = {ph: int(v) for ph, v in _bytes_by_phase(table).items()}
         summary["client_payload_classes"] = audit
         if as_json:
-            print(json.dumps(summary), flush=True)
+            print(finite_json(summary), flush=True)
 
     def job(ctx: Any) -> int:
         ctx.config = cfg  # one dict, so on_ledger sees rank 0's summary
@@ -224,7 +224,7 @@ def evaluate(directory: str, model_path: str, targets: list[str], client: int | 
         settings = InferenceSettings(steps=infer_steps)
     records = evaluate_rows(model, x, features, targets, settings)
     if as_json:
-        print(json.dumps({"on": where, "metrics": records}), flush=True)
+        print(finite_json({"on": where, "metrics": records}), flush=True)
     else:
         for r in records:
             vals = " ".join(f"{k}={v:.4f}" for k, v in r.items() if isinstance(v, float))
