@@ -81,9 +81,9 @@ def check_seal(path: str | os.PathLike) -> None:
         return  # a file from before the checksum (no user block): read unchecked
     if len(head) < USERBLOCK or size <= USERBLOCK:
         raise UserError(f"model file {path}: truncated ({size} bytes)")
-    if not head.startswith(SEAL):
-        raise UserError(f"model file {path}: not an mpifc model file, or its checksum block is damaged")
     want = head[len(SEAL): len(SEAL) + 64].decode("ascii", "replace")
+    if not head.startswith(SEAL) or head[len(SEAL) + 64:] != b"\n" + b"\0" * (USERBLOCK - len(SEAL) - 65):
+        raise UserError(f"model file {path}: not an mpifc model file, or its checksum block is damaged")
     got = _digest(path)
     if want != got:
         raise UserError(f"model file {path}: checksum mismatch (file says {want[:12]}..., content is "
