@@ -391,6 +391,14 @@ def check_manifest(raw: dict, path: Path) -> None:
         raise bad("image", "an object")
 
 
+def input_files(manifest: Manifest) -> list[tuple[str, Path]]:
+    """``(what, path)`` of every file of a shard set: the manifest, each client's shard, the test
+    set (what a job must never overwrite)."""
+    d = Path(manifest.directory)
+    return ([("the manifest", d / MANIFEST)] + [("shard", d / c["file"]) for c in manifest.clients]
+            + [("test set", d / manifest.test["file"])])
+
+
 def _checked_file(directory: Path, entry: dict, verify: bool) -> Path:
     path = directory / entry["file"]
     if not path.is_file():

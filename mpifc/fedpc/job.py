@@ -33,14 +33,6 @@ def _train_job(ctx: Any) -> int:
     return 0
 
 
-def shard_inputs(manifest: Any) -> list[tuple[str, Path]]:
-    """The input files of a shard folder: the manifest, every client's shard and the test set."""
-    d = Path(manifest.directory)
-    return ([("the manifest", d / "manifest.json")]
-            + [("shard", d / c["file"]) for c in manifest.clients]
-            + [("test set", d / manifest.test["file"])])
-
-
 def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
           liveness: float = DEFAULT_LIMIT_S) -> int:
     """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
@@ -54,7 +46,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         ledger: where rank 0 writes the per-message ledger CSV.
         liveness: seconds a rank may show no sign of life before the job ends naming it.
     """
-    from data_prep.shards import load_manifest
+    from data_prep.shards import input_files, load_manifest
     from mpifc.runtime.job import run_job
 
     m = load_manifest(cfg["dir"])
@@ -68,7 +60,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         raise UserError(f"--em-iters must be >= 1, got {cfg['em_iters']}")
     check_outputs([("--model", cfg["model"], False), ("--ledger", ledger, False),
                    ("--em-initial-model", cfg.get("em_initial_model"), False), ("--audit", cfg.get("audit"), True)],
-                  shard_inputs(m))
+                  input_files(m))
     n_servers = 1 + (int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0)
     return run_job(_train_job, config=cfg, servers=n_servers, min_clients=m.n_clients,
                    deadline=deadline, liveness=liveness, ledger_csv=ledger)
@@ -104,7 +96,7 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
             null with a ``<key>_null_reason``, :mod:`mpifc.runtime.jsonout`).
         liveness: seconds a rank may show no sign of life before the job ends naming it.
     """
-    from data_prep.shards import load_manifest
+    from data_prep.shards import input_files, load_manifest
     from mpifc.federated.serialize import load_fc
     from mpifc.runtime.job import run_job
 
@@ -118,7 +110,7 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
         raise UserError(f"--n-samples must be >= 1, got {cfg['n_samples']}")
     check_outputs([("--ledger", ledger, False), ("--output-npz", cfg.get("output_npz"), False),
                    ("--out", cfg.get("out"), False), ("--audit", cfg.get("audit"), True)],
-                  [("the model", Path(cfg["model"]))] + shard_inputs(load_manifest(cfg["dir"])))
+                  [("the model", Path(cfg["model"]))] + input_files(load_manifest(cfg["dir"])))
 
     def on_ledger(table: Any) -> None:
         result = cfg.get("_result") or {}

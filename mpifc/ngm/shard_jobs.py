@@ -122,14 +122,19 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         ledger: where rank 0 writes the per-message ledger CSV.
         as_json: rank 0 prints the summary as one JSON line.
     """
-    from data_prep.shards import load_manifest
+    from data_prep.shards import input_files, load_manifest
+    from mpifc.atomic import check_outputs
     from mpifc.ngm.job import audit_client_sends
     from mpifc.runtime.job import run_job
 
     if cfg["fold"] is not None:
         fold_rows(cfg["folds"], cfg["folds"], cfg["fold"], 0)  # validates --fold/--folds
     _settings(cfg)  # bad settings fail here, before any rank starts
-    load_manifest(cfg["dir"])
+    inputs = input_files(load_manifest(cfg["dir"]))
+    if cfg.get("public"):
+        inputs += input_files(load_manifest(cfg["public"]))
+    check_outputs([("--model", cfg["model"], False), ("--ledger", ledger, False),
+                   ("--save-local", cfg.get("save_local"), True)], inputs)
 
     def on_ledger(table: Any) -> None:
         audit = audit_client_sends(table)  # raises on a forbidden payload class
