@@ -13,11 +13,12 @@ the phases ``startup`` (before MPI is up), ``read``, ``learn``, ``gather`` and `
 
 Columns: ``seconds`` from the fault (the time the faulting rank noted just before it) to the end
 of ``mpiexec``; ``exit`` code; ``named``: whether a line of stderr starting ``mpifc: rank R``
-names the faulting rank; ``leftovers``: processes of the job still alive a few seconds after
+names the faulting rank; ``lines``: how many lines start with ``mpifc:`` (the goal: one);
+``leftovers``: processes of the job still alive a few seconds after
 ``mpiexec`` ended (the ranks' and the node sentinel's process ids, noted by the job itself), and
 output files at their final paths or partial files beside them. ``ok`` is every check of
 ``tests/reliability``: exit code not 0, ended within ``liveness + 5`` s of the fault, rank
-named, no leftovers. The exit status is 0 only if every cell is ok.
+named in one line, no leftovers. The exit status is 0 only if every cell is ok.
 """
 
 import argparse
@@ -56,6 +57,7 @@ class Cell:
     seconds: float | None = None
     exit: int | None = None
     named: bool = False
+    lines: int = 0
     line: str = ""
     leftovers: list[str] = field(default_factory=list)
     ok: bool = False
@@ -145,6 +147,7 @@ def run_cell(phase: str, fault: str, shards: Path, model: Path, work: Path, live
         cell.injected = True
         cell.seconds = ended - float(fault_file.read_text().split()[3])
     cell.named, cell.line = named_in(err, rank)
+    cell.lines = sum(1 for ln in err.splitlines() if ln.startswith("mpifc:"))
     pids = {p.name: int(p.read_text()) for p in log.glob("*.pid")} if log.is_dir() else {}
     until = time.time() + 5.0
     while time.time() < until and any(_alive(p) for p in pids.values()):
@@ -159,7 +162,7 @@ def run_cell(phase: str, fault: str, shards: Path, model: Path, work: Path, live
     cell.leftovers += [f"file {p.name}" for p in finals if p.exists()]
     cell.leftovers += [f"partial {p.name}" for p in out.iterdir() if ".partial-" in p.name]
     cell.ok = (cell.injected and cell.exit not in (0, None) and cell.seconds is not None
-               and cell.seconds <= liveness + 5.0 and cell.named and not cell.leftovers)
+               and cell.seconds <= liveness + 5.0 and cell.named and cell.lines == 1 and not cell.leftovers)
     return cell
 
 
@@ -173,11 +176,11 @@ def run_matrix(work: Path, liveness: float, parallel: int = 3, phases=PHASES, fa
 
 
 def table(cells: list[Cell]) -> str:
-    lines = [f"{'phase':8s} {'fault':15s} {'rank':>4s} {'seconds':>8s} {'exit':>5s} {'named':>6s}  leftovers"]
+    lines = [f"{'phase':8s} {'fault':15s} {'rank':>4s} {'seconds':>8s} {'exit':>5s} {'named':>6s} {'lines':>5s}  leftovers"]
     for c in cells:
         secs = f"{c.seconds:8.2f}" if c.seconds is not None else "       -"
         lines.append(f"{c.phase:8s} {c.fault:15s} {c.rank:4d} {secs} {str(c.exit):>5s} {'yes' if c.named else 'NO':>6s}"
-                     f"  {', '.join(c.leftovers) or 'none'}{'' if c.ok else '   <- FAILED'}")
+                     f" {c.lines:5d}  {', '.join(c.leftovers) or 'none'}{'' if c.ok else '   <- FAILED'}")
     return "\n".join(lines)
 
 

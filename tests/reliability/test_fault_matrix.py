@@ -1,7 +1,7 @@
 """Every phase of a FedPC job crossed with every fault (launch/bench/faults.py runs the jobs).
 
 For each cell: the job ends within ``--liveness`` + 5 s of the fault, with a non-zero exit code
-and a line naming the faulting rank; no model or ledger sits at its final path, no partial file
+and one ``mpifc:`` line, naming the faulting rank; no model or ledger sits at its final path, no partial file
 beside it, and no process of the job (ranks, stopped ones included, and the node sentinel,
 checked by their process ids) is left. The cells run three jobs at a time on tiny shards.
 """
@@ -30,6 +30,7 @@ def test_fault_ends_the_job_naming_the_rank_and_leaves_nothing(matrix, phase, fa
     assert c.exit not in (0, None), c
     assert c.seconds <= LIVENESS + 5.0, c
     assert c.named, f"no line names rank {c.rank}: {c.line!r}"
+    assert c.lines == 1, f"{c.lines} lines start with 'mpifc:'"
     assert not c.leftovers, c.leftovers
 
 
