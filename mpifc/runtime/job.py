@@ -181,7 +181,6 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         ctx = JobContext(comm=comm, rank=rank, size=size, transport=transport, ledger=ledger,
                          roles=roles, config=dict(config or {}), local_rank=local_rank,
                          local_size=local_size, device_override=device, liveness=live, outputs=outputs)
-        ctx.enter("startup")
         try:
             code = main(ctx)
         except faults.ReturnEarly:

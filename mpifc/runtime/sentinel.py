@@ -213,9 +213,10 @@ class Sentinel:
             return
         wall = time.time()
         for rank, w in sorted(self.watched.items()):
-            if w.ended or self.has(f"rank-{rank}.end"):
+            if w.ended:
                 continue
             up, final = self.has(f"rank-{rank}.up"), self.has(f"rank-{rank}.final")
+            final = final or self.has(f"rank-{rank}.end")  # past its heartbeats, on its way out
             if up and not final:
                 continue  # its MPI peers judge it (mpifc.runtime.liveness)
             state = proc_state(w.pid)
