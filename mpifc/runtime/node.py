@@ -147,6 +147,8 @@ class NodeView:
         try:
             if first:
                 view._start_sentinel()
+            for what in ("ready", "up", "final", "end"):  # from an earlier job of this process
+                (folder / f"rank-{rank}.{what}").unlink(missing_ok=True)
             view.enter("startup")
             _write_atomic(view._me, str(os.getpid()))
         except OSError:
