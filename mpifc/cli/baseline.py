@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from mpifc.cli.common import parse_kv
@@ -137,7 +136,9 @@ def baseline_main(args: argparse.Namespace) -> int:
         res = run_central(args.dir, args.model, args.seed, parse_hidden(args.hidden), args.epochs,
                           args.batch_size, args.lr)
         if args.json:
-            print(json.dumps(res))
+            from mpifc.runtime.jsonout import finite_json
+
+            print(finite_json(res))
         else:
             for k, v in res.items():
                 print(f"{k:>14}: {v}")

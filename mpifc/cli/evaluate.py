@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mpifc.cli.common import add_liveness_argument
 from mpifc.cli.train import FAMILIES
 
 
@@ -24,7 +25,8 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                         "average over the repeated rows)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send or receive may wait")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the metrics as one JSON line (rank 0) instead of text")
@@ -74,4 +76,4 @@ def evaluate_main(args: argparse.Namespace) -> int:
     from mpifc.fedpc.job import evaluate
 
     return evaluate(evaluate_config(args), deadline=args.deadline, ledger=args.ledger,
-                    on_result=lambda s: emit(s, output_mode(args), evaluate_text))
+                    liveness=args.liveness, on_result=lambda s: emit(s, output_mode(args), evaluate_text))

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mpifc.cli.common import add_liveness_argument
 from mpifc.errors import UserError
 
 QUESTIONS = ("ll", "predict", "mpe", "sample", "marginal")
@@ -57,6 +58,7 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", default=None, metavar="FILE", help="--distributed: per-message ledger CSV")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per pass")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send or receive may wait")
+    add_liveness_argument(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON summary instead of the human one")
     out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
@@ -139,6 +141,10 @@ def query_main(args: argparse.Namespace) -> int:
     keep = [k.strip() for k in (args.keep or "").split(",") if k.strip()]
     if args.what == "marginal" and not keep:
         raise UserError("--what marginal needs --keep COL,COL")
+    from mpifc.atomic import check_outputs
+
+    check_outputs([("--out", args.out, False), ("--ledger", args.ledger, False)],
+                  [("model", args.model), ("data", args.data)])
     fc = load(args.model)
     for k in keep:
         if k not in fc.features:
@@ -176,7 +182,7 @@ def query_main(args: argparse.Namespace) -> int:
 
         cfg = {"model": str(args.model), "what": args.what, "target": target, "batch": args.batch,
                "seed": args.seed}
-        code = query(cfg, load_rows, deadline=args.deadline, ledger=args.ledger)
+        code = query(cfg, load_rows, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness)
         if "rows" not in held:  # a rank other than the querier: the querier writes the answer
             return code
         rows, row_no, raw = held["rows"], held["row_no"], cfg["_answer"]

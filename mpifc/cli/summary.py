@@ -1,34 +1,21 @@
 """What ``mpifc train`` and ``mpifc evaluate`` print: a short summary for people by default,
 one JSON line with ``--json``, nothing with ``--quiet``.
 
-JSON never holds NaN or infinity (not valid JSON): such a number is written as ``null``, and
-``null_fields`` names every field that became ``null`` for that reason.
+JSON never holds NaN or infinity (not valid JSON): such a number is written as ``null``, with a
+``<key>_null_reason`` beside it saying what it was.
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 
 def json_line(summary: dict[str, Any]) -> str:
-    """``summary`` as one line of valid JSON (non-finite numbers -> null, listed in ``null_fields``)."""
-    nulled: list[str] = []
+    """``summary`` as one line of strict JSON: a non-finite number is ``null`` with a
+    ``<key>_null_reason`` beside it (:func:`mpifc.runtime.jsonout.finite_json`)."""
+    from mpifc.runtime.jsonout import finite_json
 
-    def clean(v: Any, path: str) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            nulled.append(path)
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [clean(x, f"{path}[{i}]") for i, x in enumerate(v)]
-        return v
-
-    out = clean(summary, "")
-    if nulled:
-        out["null_fields"] = {p: "not a finite number" for p in nulled}
-    return json.dumps(out, allow_nan=False)
+    return finite_json(summary)
 
 
 def kb(n: int | float | None) -> str:

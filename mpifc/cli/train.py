@@ -9,7 +9,7 @@ import argparse
 import functools
 from typing import Any
 
-from mpifc.cli.common import comma_ints, parse_kv
+from mpifc.cli.common import add_liveness_argument, comma_ints, parse_kv
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.hyperparameters import LEARNER_PARAMS, check_hyperparameters
@@ -51,9 +51,10 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refine", default="none", choices=("none", "em"),
                    help="em: exact distributed EM after one-pass training (vertical: per-sample flows, "
                         "--assign flat; horizontal/hybrid: pooled E-step statistics)")
-    p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em")
+    p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em (>= 1)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the summary as one JSON line (rank 0) instead of text")
@@ -116,6 +117,8 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
     hp = check_hyperparameters(hp, [args.learner, *learners.values()])
     if args.assign == "tree" and args.servers < 1:
         raise UserError("--assign tree needs --servers S with S >= 1")
+    if args.em_iters < 1:
+        raise UserError(f"--em-iters must be >= 1, got {args.em_iters}")
     return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": args.glue,
             "clusters": args.clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
@@ -145,7 +148,7 @@ def train_main(args: argparse.Namespace) -> int:
 
     cfg = train_config(args)
     cfg["progress"] = output_mode(args) == "human"
-    return train(cfg, deadline=args.deadline, ledger=args.ledger,
+    return train(cfg, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness,
                  on_summary=lambda s: emit(s, output_mode(args), train_text))
 
 
