@@ -129,6 +129,9 @@ class FederationPlan:
     setting: str = ""
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     kind: str = "fedpc"  # "fedpc" (Algorithm 1) or "fcdt" (trees averaged at the root)
+    # "adaptive": hyperparameters the user did not set follow mpifc.federated.defaults (per PC);
+    # "learner": every learner's own defaults
+    defaults: str = "adaptive"
 
     def tasks_for(self, client: int) -> list[LeafTask]:
         return [t for t in self.tasks if t.client == client]
@@ -308,6 +311,14 @@ seed still gives the same model regardless of rank placement. Not a learner hype
 """
 
 
+TARGET_FIRST = "target_first"
+"""Hyperparameter key (``--hp target_first=1|0``): a LearnSPN PC that holds the target splits its
+rows by the target's value first (``learn_spn(class_column=...)``: ``p(y) p(x | y)``, so the
+prediction uses every other column of the PC). On by default under the adaptive defaults
+(:mod:`mpifc.federated.defaults`), off otherwise; ignored by other learners and by PCs without
+the target."""
+
+
 def hp_flag(value: Any, name: str) -> bool:
     """A boolean plan option as given in code or through ``--hp KEY=VALUE`` (int/str)."""
     if isinstance(value, (bool, np.bool_)):
@@ -334,13 +345,37 @@ def cluster_columns(plan: FederationPlan, task: LeafTask) -> list[int]:
     return cols
 
 
+DEFAULTS_MODES = ("adaptive", "learner")
+""":attr:`FederationPlan.defaults`: the adaptive rule of :mod:`mpifc.federated.defaults`, or
+each learner's own defaults."""
+
+
+def leaf_hyperparameters(plan: FederationPlan, task: LeafTask, n_rows: int) -> dict[str, Any]:
+    """The learner hyperparameters of one PC of ``task`` fitted on ``n_rows`` rows: the plan's
+    (the user's) keys, completed by :func:`mpifc.federated.defaults.adaptive_hyperparameters`
+    when ``plan.defaults == "adaptive"``. A pure function of the plan and the row count, so the
+    server recomputes exactly what each client used from its reported counts."""
+    hp = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
+    if plan.defaults == "adaptive" and plan.kind == "fedpc":
+        from mpifc.federated.defaults import adaptive_hyperparameters
+
+        meta = [plan.meta_types[f] for f in task.features]
+        hp = adaptive_hyperparameters(task.learner, n_rows, meta, plan.target in task.features, hp)
+    if TARGET_FIRST in hp:
+        # the plan-level switch becomes LearnSPN's class_column where the PC holds the target
+        if hp_flag(hp.pop(TARGET_FIRST), TARGET_FIRST) and task.learner == "learnspn" \
+                and plan.target in task.features:
+            hp["class_column"] = task.features.index(plan.target)
+    return hp
+
+
 def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features: Sequence[str],
                      fit: Callable[..., Any] | None = None) -> ClientReport:
     """Learn every PC the plan asks of ``client`` on its rows ``x`` ``(n_rows, len(features))``.
 
     Clustered tasks split the rows by k-means over :func:`cluster_columns` (all the task's
     columns unless the plan sets :data:`CLUSTER_WITHOUT_TARGET`) and fit one PC per cluster on
-    all the task's columns.
+    all the task's columns. Every PC gets :func:`leaf_hyperparameters` of its own rows.
 
     Args:
         fit: ``fit(learner, x, meta_types, seed, n_categories=..., **hp)``; defaults to
@@ -351,13 +386,13 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     col = {f: j for j, f in enumerate(features)}
     leaves: list[LeafReport] = []
     cluster_ids = None
-    hp = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
     for t in plan.tasks_for(client):
         xs = x[:, [col[f] for f in t.features]]
         meta = [plan.meta_types[f] for f in t.features]
         ks = [plan.n_categories.get(f, 0) for f in t.features]
         if t.n_clusters == 0:
             extra = {"target_index": t.features.index(plan.target)} if plan.kind == "fcdt" else {}
+            hp = leaf_hyperparameters(plan, t, len(xs))
             model = fit(t.learner, xs, meta, t.seed, n_categories=ks, **hp, **extra)
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
@@ -367,6 +402,7 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         cluster_ids = labels
         for k in range(int(labels.max()) + 1):
             rows = xs[labels == k]
+            hp = leaf_hyperparameters(plan, t, len(rows))
             model = fit(t.learner, rows, meta, derive_seed(t.seed, k), n_categories=ks, **hp)
             leaves.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return ClientReport(client, leaves, cluster_ids)
@@ -377,24 +413,30 @@ class OnePassBuilder:
     """Algorithm 1: plan from declarations, assemble from counts.
 
     Args:
-        n_clusters: K, clusters per single-owner subspace.
+        n_clusters: K, clusters per single-owner subspace; ``None``: per subspace by
+            :func:`mpifc.federated.defaults.default_clusters` (``defaults="adaptive"``) or 2.
         n_products: P, products for the ``random`` glue.
         glue: one of :data:`GLUE_MODES`.
         seed: master seed.
         learner: default learner name; ``learners`` overrides it per client index.
-        hyperparameters: passed to every learner call.
+        hyperparameters: the user's, passed to every learner call.
+        defaults: one of :data:`DEFAULTS_MODES`: what fills the hyperparameters (and K) the
+            user did not set.
     """
 
-    def __init__(self, n_clusters: int = 2, n_products: int = 4, glue: str = "random", seed: int = 0,
+    def __init__(self, n_clusters: int | None = 2, n_products: int = 4, glue: str = "random", seed: int = 0,
                  learner: str = "learnspn", learners: dict[int, str] | None = None,
-                 hyperparameters: dict[str, Any] | None = None) -> None:
+                 hyperparameters: dict[str, Any] | None = None, defaults: str = "adaptive") -> None:
         if glue not in GLUE_MODES:
             raise UserError(f"unknown glue {glue!r}; expected one of {', '.join(GLUE_MODES)}")
-        if n_clusters < 1:
+        if defaults not in DEFAULTS_MODES:
+            raise UserError(f"unknown defaults {defaults!r}; expected one of {', '.join(DEFAULTS_MODES)}")
+        if n_clusters is not None and n_clusters < 1:
             raise UserError(f"--clusters must be >= 1, got {n_clusters}")
         if n_products < 1:
             raise UserError(f"--products must be >= 1, got {n_products}")
-        self.n_clusters = int(n_clusters)
+        self.n_clusters = None if n_clusters is None else int(n_clusters)
+        self.defaults = defaults
         self.n_products = int(n_products)
         self.glue = glue
         self.seed = int(seed)
@@ -463,18 +505,33 @@ class OnePassBuilder:
             self._check_aligned([by_index[s.owners[0]] for s in single], "glue 'cooccurrence'")
         if self.learner == "dt" or "dt" in self.learners.values():
             return self._plan_fcdt(decls, features, meta, cats, by_index, target, setting)
-        if self.glue == "random" and single:
-            if self.n_products < self.n_clusters:
-                raise UserError(f"--products {self.n_products} < --clusters {self.n_clusters}: every "
-                                f"cluster-PC must be the child of at least one product")
         tasks = []
         for s in subs:
             for c in s.owners:
                 learner = self.learners.get(c, self.learner)
-                k = 0 if s.shared else self.n_clusters
+                k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target)
                 tasks.append(LeafTask(c, s.index, s.features, k, derive_seed(self.seed, c, s.index), learner))
-        return FederationPlan(features, meta, cats, subs, tasks, by_index, self.glue, self.n_clusters,
-                              self.n_products, self.seed, target, setting, dict(self.hyperparameters))
+        k_max = max([t.n_clusters for t in tasks] + [1])
+        if self.glue == "random" and single and self.n_products < k_max:
+            raise UserError(f"--products {self.n_products} < --clusters {k_max}: every "
+                            f"cluster-PC must be the child of at least one product")
+        return FederationPlan(features, meta, cats, subs, tasks, by_index, self.glue, self.plan_clusters(k_max),
+                              self.n_products, self.seed, target, setting, dict(self.hyperparameters),
+                              defaults=self.defaults)
+
+    def clusters_of(self, subspace: Subspace, n_clients: int, n_subspaces: int, target: str | None) -> int:
+        """K of a single-owner subspace: ``n_clusters`` when set, else the defaults' rule."""
+        if self.n_clusters is not None:
+            return self.n_clusters
+        if self.defaults != "adaptive":
+            return 2
+        from mpifc.federated.defaults import default_clusters
+
+        return default_clusters(n_clients, n_subspaces, target is not None and target in subspace.features)
+
+    def plan_clusters(self, k_max: int) -> int:
+        """The plan's ``n_clusters``: the user's K, else the largest K of any task (at least 1)."""
+        return self.n_clusters if self.n_clusters is not None else k_max
 
     def _plan_fcdt(self, decls: list[ClientDeclaration], features: tuple[str, ...], meta: dict[str, str],
                    cats: dict[str, int], by_index: dict[int, ClientDeclaration], target: str | None,
@@ -491,8 +548,9 @@ class OnePassBuilder:
                 raise UserError(f"FC[DT]: client {d.index} uses learner {learner!r}; all clients must use 'dt'")
         tasks = [LeafTask(d.index, -1, tuple(f for f in features if f in d.features), 0,
                           derive_seed(self.seed, d.index), "dt") for d in sorted(decls, key=lambda d: d.index)]
-        return FederationPlan(features, meta, cats, [], tasks, by_index, self.glue, self.n_clusters,
-                              self.n_products, self.seed, target, setting, dict(self.hyperparameters), "fcdt")
+        return FederationPlan(features, meta, cats, [], tasks, by_index, self.glue, self.plan_clusters(2),
+                              self.n_products, self.seed, target, setting, dict(self.hyperparameters), "fcdt",
+                              self.defaults)
 
     @staticmethod
     def _check_aligned(decls: list[ClientDeclaration], why: str) -> None:
@@ -524,7 +582,13 @@ class OnePassBuilder:
             [ClientInfo(c, ranks[c], plan.declarations[c].features) for c in sorted(plan.declarations)],
             target=plan.target, setting=plan.setting)
         fc.meta.update(glue=plan.glue, n_clusters=plan.n_clusters, n_products=plan.n_products,
-                       seed=plan.seed)
+                       seed=plan.seed, defaults=plan.defaults,
+                       hyperparameters=used_hyperparameters(plan, reports))
+        if plan.setting == "central":
+            k = max([t.n_clusters for t in plan.tasks] + [1])
+            fc.meta["central"] = (f"Algorithm 1 on one client holding every row and feature: its rows in "
+                                  f"K = {k} k-means cluster(s), one client PC each"
+                                  + (" (one PC: no clustering)" if k == 1 else ", mixed by the glue"))
         leaf_ids: dict[tuple[int, int, int], int] = {}
         rows: dict[int, float] = {}
         for c in sorted(by_client):
@@ -617,6 +681,24 @@ class OnePassBuilder:
         sum_rows = float(sum(rows[s] for s in sums))
         weights = [sum_rows + sum(rows[clusters[j][k]] for j, k in enumerate(c)) for c in combos]
         return combos, weights
+
+
+def used_hyperparameters(plan: FederationPlan, reports: Sequence[ClientReport]) -> dict[str, list[dict[str, Any]]]:
+    """What every PC was learned with, per client (JSON-ready, for the model's meta): client
+    index -> one ``{"subspace", "cluster", "n_rows", "learner", "hyperparameters"}`` per PC
+    (cluster -1: an unclustered PC), recomputed from the reported row counts by
+    :func:`leaf_hyperparameters`."""
+    tasks = {(t.client, t.subspace): t for t in plan.tasks}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rep in sorted(reports, key=lambda r: r.client):
+        rows = []
+        for leaf in rep.leaves:
+            task = tasks.get((rep.client, leaf.subspace))
+            hp = leaf_hyperparameters(plan, task, leaf.n_rows) if task is not None else {}
+            rows.append({"subspace": int(leaf.subspace), "cluster": int(leaf.cluster), "n_rows": int(leaf.n_rows),
+                         "learner": leaf.learner, "hyperparameters": hp})
+        out[str(rep.client)] = rows
+    return out
 
 
 def insert_models(fc: FederatedCircuit, models: dict[tuple[int, int, int], Any]) -> FederatedCircuit:

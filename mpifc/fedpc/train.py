@@ -76,11 +76,15 @@ def client_plan(plan: FederationPlan, client: int) -> FederationPlan:
 
 
 def builder_from_config(cfg: dict[str, Any]) -> OnePassBuilder:
+    """The builder of a settings dict: ``clusters`` None (or absent) lets the defaults choose
+    K per subspace; ``defaults`` ("adaptive", the default, or "learner") fills what the user
+    did not set (:mod:`mpifc.federated.defaults`)."""
     hp = dict(cfg.get("hyperparameters") or {})
-    return OnePassBuilder(n_clusters=int(cfg["clusters"]), n_products=int(cfg["products"]), glue=cfg["glue"],
-                          seed=int(cfg["seed"]), learner=cfg["learner"],
+    k = cfg.get("clusters")
+    return OnePassBuilder(n_clusters=None if k is None else int(k), n_products=int(cfg["products"]),
+                          glue=cfg["glue"], seed=int(cfg["seed"]), learner=cfg["learner"],
                           learners={int(k): v for k, v in (cfg.get("client_learners") or {}).items()},
-                          hyperparameters=hp)
+                          hyperparameters=hp, defaults=cfg.get("defaults") or "adaptive")
 
 
 def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] | None:
@@ -127,6 +131,7 @@ def warm_up(learners: set[str], cluster: bool = True, fit: bool = False) -> None
 # Learners whose first call pays one-off start-up costs worth paying before the clock.
 _WARM_FIT = {"learnspn": {"threshold": 0.3, "min_instances_slice": 16}}
 _WARM_LEAVES = {"learnspn": ("auto", "piecewise", "histogram")}
+_WARM_DISCRETE = {"learnspn": ({"col_split": "gtest", "gtest_pvalue": 0.05, "min_instances_slice": 16, "class_column": 0},)}
 
 
 def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
@@ -153,6 +158,13 @@ def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
 
                 model_to_bytes(model)
             except Exception:  # noqa: BLE001 - warm-up is best effort; the real call reports errors
+                pass
+        for extra in _WARM_DISCRETE.get(name, ()):
+            # the adaptive defaults' paths: the G-test split (its chi-squared critical values) and
+            # the class split on discrete columns
+            try:
+                fit_leaf(name, x[:, 2:], ["discrete", "categorical"], 0, n_categories=[2, 3], **extra)
+            except Exception:  # noqa: BLE001
                 pass
     if cluster:
         from mpifc.federated.one_pass import cluster_rows
@@ -330,7 +342,8 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     summary = {
         "model": str(cfg["model"]),
         "setting": manifest.setting,
-        "learner": cfg["learner"], "glue": cfg["glue"], "clusters": int(cfg["clusters"]),
+        "learner": cfg["learner"], "glue": cfg["glue"], "clusters": int(plan.n_clusters),
+        "preset": cfg.get("preset") or "adaptive",
         "products": int(cfg["products"]), "seed": int(cfg["seed"]), "assign": cfg["assign"],
         # opt-in plan option (one_pass.CLUSTER_WITHOUT_TARGET), recorded only when on
         **({"cluster_without_target": True} if clusters_without_target(plan.hyperparameters) else {}),
