@@ -165,7 +165,12 @@ def fmt(ms: tuple[float, float] | None, digits: int) -> str:
     return "-" if ms is None else f"{ms[0]:.{digits}f}±{ms[1]:.{digits}f}"
 
 
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # run() then ends the job it waits for
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _stop)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0-4)")
     p.add_argument("--groups", default="bc,adult,credit,debd", help="bc, adult, credit, debd (comma-separated)")

@@ -28,9 +28,15 @@ defaults), for a PC of ``n`` rows and ``d`` columns:
   a Gaussian would put a variance-floor spike on it in every slice where it is constant),
   Gaussians for the others, and Laplace smoothing ``alpha = 0.01`` (a pseudo-count per bin or
   value, small against a slice's rows).
-* a PC that holds the target -> ``target_first``: its rows are split by the target's value
-  first (``p(y) p(x | y)``), so predictions use every other column of the PC; a column split
-  can no longer leave the target on its own.
+* a PC that holds the target -> two candidates, chosen between on held-out rows by macro F1
+  of the target (:func:`target_candidates`; the client's own validation rows when its shard
+  has some, else a fifth of the PC's rows, after which the winner is refitted on all of them):
+  ``target_first`` (its rows split by the target's value first, ``p(y) p(x | y)``: every other
+  column informs the prediction, and no column split can leave the target on its own), with
+  the leaves above; or the joint LearnSPN with Gaussian leaves (``leaf="auto"``). Neither wins
+  everywhere: the class split is what lets small clients (breast cancer) predict at all, while
+  on a rare class among count-valued columns (Give Me Some Credit) the per-class Gaussians'
+  spikes make it call defaulters everywhere and the joint model is better in F1 and likelihood.
 
 A user-set ``threshold``, ``rdc_k`` or ``rdc_ties`` keeps the RDC, a user-set ``gtest_pvalue`` the
 G-test, whatever the meta-types.
@@ -123,7 +129,7 @@ def learnspn_defaults(n_rows: int, meta_types: Sequence[str], holds_target: bool
         out["leaf"] = RDC_LEAF
         out["alpha"] = RDC_ALPHA
     if holds_target:
-        out["target_first"] = True
+        out["target_first"] = "auto"
     return {k: v for k, v in out.items() if k not in explicit}
 
 
@@ -137,6 +143,32 @@ def adaptive_hyperparameters(learner: str, n_rows: int, meta_types: Sequence[str
     if learner == "learnspn":
         return {**learnspn_defaults(n_rows, meta_types, holds_target, explicit), **explicit}
     return explicit
+
+
+HELD_OUT_FRACTION = 0.2
+"""Share of a PC's rows held out to choose between :func:`target_candidates` when its client
+has no validation rows of its own."""
+
+MIN_HELD_OUT = 10
+"""Fewer held-out rows than this: no choice, the first candidate (the class split)."""
+
+
+def target_candidates(hp: Mapping[str, Any], explicit: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The hyperparameters to choose between for one PC (one entry: nothing to choose).
+
+    ``hp`` is :func:`adaptive_hyperparameters`' result; with ``target_first="auto"`` (a PC that
+    holds the target, the user having set no ``target_first``) the candidates are the class
+    split with ``hp``'s leaves, then the joint model with Gaussian leaves (``leaf="auto"``,
+    unless the user set a leaf). Ties go to the first.
+    """
+    if hp.get("target_first") != "auto":
+        return [dict(hp)]
+    explicit = dict(explicit or {})
+    split = {**hp, "target_first": True}
+    joint = {**hp, "target_first": False}
+    if "leaf" not in explicit and "leaf" in joint:
+        joint["leaf"] = "auto"
+    return [split, joint]
 
 
 def default_clusters(n_clients: int, n_subspaces: int, holds_target: bool) -> int:
@@ -158,9 +190,10 @@ RULE_HELP = (
     "columns uses the G-test at p = 0.05 / (d(d-1)/2), min_instances_slice min(50, n/4), one k-means "
     "restart; with any real column the RDC at threshold 0.3, min_instances_slice = n/10 clipped to "
     "[10, 100], histogram leaves for real columns with a point mass (a value on >= 5% of the rows), "
-    "Gaussians otherwise, alpha 0.01; a PC holding the target splits its rows by the target first "
-    "(target_first). K (--clusters) is 1 for the subspace holding the target and for a one-client "
-    "federation, else 2. Explicit flags and --hp keys always win; the values used are in the "
+    "Gaussians otherwise, alpha 0.01; a PC holding the target chooses, by macro F1 on held-out "
+    "rows (the shard's validation rows, else a fifth of its rows), between splitting its rows by "
+    "the target first (target_first) and the joint LearnSPN with Gaussian leaves. K (--clusters) "
+    "is 1 for the subspace holding the target and for a one-client federation, else 2. Explicit flags and --hp keys always win; the values used are in the "
     "model's meta (hyperparameters). --preset learner: the learners' own defaults (LearnSPN "
     "threshold 0.3, min_instances_slice 200), K = 2; --preset paper: the paper's Table 4 for the "
     "shards' dataset and setting.")

@@ -32,6 +32,7 @@ Glue modes (single-owner part):
 from __future__ import annotations
 
 import hashlib
+import json
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -350,36 +351,112 @@ DEFAULTS_MODES = ("adaptive", "learner")
 each learner's own defaults."""
 
 
-def leaf_hyperparameters(plan: FederationPlan, task: LeafTask, n_rows: int) -> dict[str, Any]:
+def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[dict[str, Any]]:
     """The learner hyperparameters of one PC of ``task`` fitted on ``n_rows`` rows: the plan's
     (the user's) keys, completed by :func:`mpifc.federated.defaults.adaptive_hyperparameters`
-    when ``plan.defaults == "adaptive"``. A pure function of the plan and the row count, so the
-    server recomputes exactly what each client used from its reported counts."""
-    hp = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
-    if plan.defaults == "adaptive" and plan.kind == "fedpc":
-        from mpifc.federated.defaults import adaptive_hyperparameters
+    when ``plan.defaults == "adaptive"``; several candidates where the defaults leave a choice to
+    held-out rows (:func:`mpifc.federated.defaults.target_candidates`), in order of preference.
+    :data:`TARGET_FIRST` becomes LearnSPN's ``class_column`` where the PC holds the target."""
+    from mpifc.federated.defaults import adaptive_hyperparameters, target_candidates
 
+    explicit = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
+    hp = dict(explicit)
+    if plan.defaults == "adaptive" and plan.kind == "fedpc":
         meta = [plan.meta_types[f] for f in task.features]
         hp = adaptive_hyperparameters(task.learner, n_rows, meta, plan.target in task.features, hp)
-    if TARGET_FIRST in hp:
-        # the plan-level switch becomes LearnSPN's class_column where the PC holds the target
-        if hp_flag(hp.pop(TARGET_FIRST), TARGET_FIRST) and task.learner == "learnspn" \
-                and plan.target in task.features:
-            hp["class_column"] = task.features.index(plan.target)
-    return hp
+    holds = task.learner == "learnspn" and plan.target is not None and plan.target in task.features
+    if hp.get(TARGET_FIRST) == "auto" and not holds:
+        hp.pop(TARGET_FIRST)
+    out = []
+    for cand in target_candidates(hp, explicit):
+        if TARGET_FIRST in cand and hp_flag(cand.pop(TARGET_FIRST), TARGET_FIRST) and holds:
+            cand["class_column"] = task.features.index(plan.target)
+        out.append(cand)
+    return out
+
+
+def leaf_hyperparameters(plan: FederationPlan, task: LeafTask, n_rows: int) -> dict[str, Any]:
+    """The first (preferred) of :func:`leaf_candidates`."""
+    return leaf_candidates(plan, task, n_rows)[0]
+
+
+def held_out_macro_f1(model: Any, rows: np.ndarray, target: int, n_classes: int) -> float:
+    """Macro F1 of ``model``'s arg-max ``p(y | x)`` on ``rows`` ``(n, d)`` whose column ``target``
+    holds the class code; classes neither present nor predicted are left out of the mean."""
+    n = len(rows)
+    z = np.repeat(rows, n_classes, axis=0)
+    z[:, target] = np.tile(np.arange(n_classes, dtype=np.float64), n)
+    ll = np.asarray(model.log_likelihood(z), dtype=np.float64).reshape(n, n_classes)
+    pred, y = ll.argmax(1), rows[:, target].astype(np.int64)
+    f1 = []
+    for c in range(n_classes):
+        tp, fp, fn = np.sum((pred == c) & (y == c)), np.sum((pred == c) & (y != c)), np.sum((pred != c) & (y == c))
+        if tp + fp + fn:
+            f1.append(2.0 * tp / (2.0 * tp + fp + fn))
+    return float(np.mean(f1)) if f1 else 0.0
+
+
+def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.ndarray, seed: int,
+           held: np.ndarray | None = None, **extra: Any) -> Any:
+    """Fit one PC of ``task`` on ``x`` ``(n, len(task.features))`` with its
+    :func:`leaf_candidates`; the model records what it was fitted with (``fit_record``).
+
+    Several candidates: each is fitted and scored by :func:`held_out_macro_f1` of the target on
+    ``held`` (the client's validation rows of these columns, when it has at least
+    :data:`~mpifc.federated.defaults.MIN_HELD_OUT`), else on a seeded fifth of ``x`` held out of
+    the fit, after which the winner is refitted on all of ``x``. Ties go to the earlier candidate;
+    too few rows to hold out: the first candidate, unscored."""
+    from mpifc.federated.defaults import HELD_OUT_FRACTION, MIN_HELD_OUT
+
+    meta = [plan.meta_types[f] for f in task.features]
+    ks = [plan.n_categories.get(f, 0) for f in task.features]
+    cands = leaf_candidates(plan, task, len(x))
+    n_classes = int(plan.n_categories.get(plan.target, 0) or 0) if plan.target else 0
+    choice: dict[str, Any] | None = None
+    hp = cands[0]
+    model = None
+    if len(cands) > 1 and n_classes >= 2:
+        j = task.features.index(plan.target)
+        if held is not None and len(held) >= MIN_HELD_OUT:
+            train, test, where = x, held, "validation rows"
+        else:
+            n_held = int(len(x) * HELD_OUT_FRACTION)
+            order = np.random.default_rng(derive_seed(seed, 0x68656C64)).permutation(len(x))
+            train, test, where = x[np.sort(order[n_held:])], x[np.sort(order[:n_held])], "held-out training rows"
+        if len(test) >= MIN_HELD_OUT:
+            fitted = [fit(task.learner, train, meta, seed, n_categories=ks, **c, **extra) for c in cands]
+            scores = [held_out_macro_f1(m, test, j, n_classes) for m in fitted]
+            best = int(np.argmax(scores))
+            hp = cands[best]
+            model = fitted[best] if train is x else None
+            choice = {"on": where, "rows": int(len(test)), "candidates": cands, "macro_f1": scores}
+    if model is None:
+        model = fit(task.learner, x, meta, seed, n_categories=ks, **hp, **extra)
+    record: dict[str, Any] = {"hyperparameters": hp}
+    if choice is not None:
+        record["choice"] = choice
+    try:
+        model.fit_record = record
+    except AttributeError:
+        pass  # a model without instance attributes: its fit goes unrecorded
+    return model
 
 
 def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features: Sequence[str],
-                     fit: Callable[..., Any] | None = None) -> ClientReport:
+                     fit: Callable[..., Any] | None = None, x_valid: np.ndarray | None = None) -> ClientReport:
     """Learn every PC the plan asks of ``client`` on its rows ``x`` ``(n_rows, len(features))``.
 
     Clustered tasks split the rows by k-means over :func:`cluster_columns` (all the task's
     columns unless the plan sets :data:`CLUSTER_WITHOUT_TARGET`) and fit one PC per cluster on
-    all the task's columns. Every PC gets :func:`leaf_hyperparameters` of its own rows.
+    all the task's columns. Every PC is fitted by :func:`fit_pc` with the hyperparameters of its
+    own rows.
 
     Args:
         fit: ``fit(learner, x, meta_types, seed, n_categories=..., **hp)``; defaults to
             :func:`mpifc.federated.learners.fit_leaf`.
+        x_valid: the client's validation rows ``(n_valid, len(features))`` (its shard's
+            ``valid/``), used to choose between candidate hyperparameters of unclustered PCs;
+            None or empty: such choices hold out training rows instead.
     """
     if fit is None:
         from mpifc.federated.learners import fit_leaf as fit
@@ -387,13 +464,12 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     leaves: list[LeafReport] = []
     cluster_ids = None
     for t in plan.tasks_for(client):
-        xs = x[:, [col[f] for f in t.features]]
-        meta = [plan.meta_types[f] for f in t.features]
-        ks = [plan.n_categories.get(f, 0) for f in t.features]
+        idx = [col[f] for f in t.features]
+        xs = x[:, idx]
         if t.n_clusters == 0:
             extra = {"target_index": t.features.index(plan.target)} if plan.kind == "fcdt" else {}
-            hp = leaf_hyperparameters(plan, t, len(xs))
-            model = fit(t.learner, xs, meta, t.seed, n_categories=ks, **hp, **extra)
+            held = x_valid[:, idx] if x_valid is not None and len(x_valid) else None
+            model = fit_pc(fit, plan, t, xs, t.seed, held, **extra)
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
         ccols = cluster_columns(plan, t)
@@ -402,8 +478,7 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         cluster_ids = labels
         for k in range(int(labels.max()) + 1):
             rows = xs[labels == k]
-            hp = leaf_hyperparameters(plan, t, len(rows))
-            model = fit(t.learner, rows, meta, derive_seed(t.seed, k), n_categories=ks, **hp)
+            model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k))
             leaves.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return ClientReport(client, leaves, cluster_ids)
 
@@ -582,8 +657,7 @@ class OnePassBuilder:
             [ClientInfo(c, ranks[c], plan.declarations[c].features) for c in sorted(plan.declarations)],
             target=plan.target, setting=plan.setting)
         fc.meta.update(glue=plan.glue, n_clusters=plan.n_clusters, n_products=plan.n_products,
-                       seed=plan.seed, defaults=plan.defaults,
-                       hyperparameters=used_hyperparameters(plan, reports))
+                       seed=plan.seed, defaults=plan.defaults)
         if plan.setting == "central":
             k = max([t.n_clusters for t in plan.tasks] + [1])
             fc.meta["central"] = (f"Algorithm 1 on one client holding every row and feature: its rows in "
@@ -683,22 +757,27 @@ class OnePassBuilder:
         return combos, weights
 
 
-def used_hyperparameters(plan: FederationPlan, reports: Sequence[ClientReport]) -> dict[str, list[dict[str, Any]]]:
-    """What every PC was learned with, per client (JSON-ready, for the model's meta): client
-    index -> one ``{"subspace", "cluster", "n_rows", "learner", "hyperparameters"}`` per PC
-    (cluster -1: an unclustered PC), recomputed from the reported row counts by
-    :func:`leaf_hyperparameters`."""
-    tasks = {(t.client, t.subspace): t for t in plan.tasks}
+def record_hyperparameters(fc: FederatedCircuit) -> FederatedCircuit:
+    """Set ``fc.meta["hyperparameters"]`` from the leaf models' fit records (JSON-ready): client
+    index -> one ``{"subspace", "cluster", "n_rows", "learner", "hyperparameters"[, "choice"]}``
+    per PC (cluster -1: unclustered), as each client's learner was called for it (and, where the
+    defaults chose between candidates, on which rows and with which held-out macro F1)."""
+    from mpifc.circuit.io import FIT_RECORD, fit_record
+    from mpifc.federated.wire_format import WireModel
+
     out: dict[str, list[dict[str, Any]]] = {}
-    for rep in sorted(reports, key=lambda r: r.client):
-        rows = []
-        for leaf in rep.leaves:
-            task = tasks.get((rep.client, leaf.subspace))
-            hp = leaf_hyperparameters(plan, task, leaf.n_rows) if task is not None else {}
-            rows.append({"subspace": int(leaf.subspace), "cluster": int(leaf.cluster), "n_rows": int(leaf.n_rows),
-                         "learner": leaf.learner, "hyperparameters": hp})
-        out[str(rep.client)] = rows
-    return out
+    for n in sorted(fc.leaves, key=lambda n: (n.leaf.client, n.leaf.subspace, n.leaf.cluster)):
+        m = n.leaf.model
+        if isinstance(m, WireModel):
+            raw = m.group.attrs.get(FIT_RECORD)
+            rec = json.loads(raw) if raw is not None else None
+        else:
+            rec = fit_record(m) if m is not None else None
+        row = {"subspace": int(n.leaf.subspace), "cluster": int(n.leaf.cluster), "n_rows": int(n.leaf.n_rows),
+               "learner": n.leaf.learner}
+        out.setdefault(str(n.leaf.client), []).append({**row, **(rec or {})})
+    fc.meta["hyperparameters"] = out
+    return fc
 
 
 def insert_models(fc: FederatedCircuit, models: dict[tuple[int, int, int], Any]) -> FederatedCircuit:
@@ -716,4 +795,4 @@ def build_single_process(builder: OnePassBuilder, shards: Sequence[tuple[ClientD
     """Run Algorithm 1 in one process on ``(declaration, x_train)`` pairs (tests, baselines)."""
     plan = builder.plan([d for d, _ in shards], feature_order, target, setting)
     reports = [run_client_tasks(plan, d.index, x, d.features) for d, x in shards]
-    return builder.assemble(plan, reports, client_ranks)
+    return record_hyperparameters(builder.assemble(plan, reports, client_ranks))

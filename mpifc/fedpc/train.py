@@ -59,6 +59,7 @@ from mpifc.federated.one_pass import (
     clusters_without_target,
     insert_models,
     pack_cluster_ids,
+    record_hyperparameters,
     run_client_tasks,
     unpack_cluster_ids,
 )
@@ -192,7 +193,7 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
             fit=True)
     ctx.ledger.set_phase("learn")
     with _clock(times, walls, "learn"):
-        report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
+        report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features, x_valid=data.shard.x_valid)
     t.send(report.counts(), 0, P.COUNTS)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks):
         # the smallest unsigned dtype holding K - 1 (uint8 for K <= 256): 1 B per row, not 8
@@ -339,6 +340,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     messages = int(len(rows) + sent[:, 0].sum())
     client_busy = {c: float(sum(v.values())) for c, v in client_times.items()}
     server_busy = float(sum(busy.values()))
+    record_hyperparameters(fc)
     summary = {
         "model": str(cfg["model"]),
         "setting": manifest.setting,

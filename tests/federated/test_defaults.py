@@ -12,6 +12,7 @@ from mpifc.federated.one_pass import (
     OnePassBuilder,
     build_single_process,
     leaf_hyperparameters,
+    record_hyperparameters,
     run_client_tasks,
 )
 
@@ -31,9 +32,18 @@ def test_pcs_with_a_real_column_get_the_rdc_and_a_tenth_of_their_rows(n, mis):
     assert hp == {"col_split": "rdc", "threshold": 0.3, "min_instances_slice": mis, "leaf": "mixed", "alpha": 0.01}
 
 
-def test_the_target_holder_splits_by_the_target_first():
-    assert D.adaptive_hyperparameters("learnspn", 91, ["real", "discrete"], True)["target_first"] is True
+def test_the_target_holder_chooses_between_the_class_split_and_the_joint_model():
+    hp = D.adaptive_hyperparameters("learnspn", 91, ["real", "discrete"], True)
+    assert hp["target_first"] == "auto"
     assert "target_first" not in D.adaptive_hyperparameters("learnspn", 91, ["real", "discrete"], False)
+    split, joint = D.target_candidates(hp)
+    assert split == {**hp, "target_first": True}
+    assert joint == {**hp, "target_first": False, "leaf": "auto"}
+    # a user-set leaf stays in both; a user-set target_first leaves nothing to choose
+    assert [c["leaf"] for c in D.target_candidates({**hp, "leaf": "histogram"}, {"leaf": "histogram"})] == \
+        ["histogram", "histogram"]
+    fixed = D.adaptive_hyperparameters("learnspn", 91, ["real"], True, {"target_first": 1})
+    assert D.target_candidates(fixed, {"target_first": 1}) == [fixed]
 
 
 def test_explicit_keys_win_and_steer_the_column_split():
@@ -98,34 +108,50 @@ def test_leaf_hyperparameters_turn_target_first_into_the_class_column():
 
 
 def test_the_meta_records_what_each_client_fitted_with():
-    """The server recomputes every PC's hyperparameters from the reported row counts: they must
-    equal, PC by PC, the keyword arguments the client's learner was called with."""
+    """Every PC's final fit is recorded with the model (``fit_record``), travels through the wire
+    format and the model file, and ends up in ``meta["hyperparameters"]`` exactly as the
+    learner was called; the label owner's PC records its choice between two candidates."""
+    from mpifc.federated.learners import fit_leaf
+    from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
+
     shards = _vertical(200)
     builder = OnePassBuilder(n_clusters=None, hyperparameters={"threshold": 0.35})
     plan = _plan(builder, shards)
-    calls: dict[tuple[int, int, int], dict] = {}
+    calls: dict[int, dict] = {}
 
     def fit(learner, x, meta, seed, n_categories=None, **hp):
-        from mpifc.federated.learners import fit_leaf
+        model = fit_leaf(learner, x, meta, seed, n_categories=n_categories, **hp)
+        calls[id(model)] = (len(x), hp)
+        return model
 
-        return fit_leaf(learner, x, meta, seed, n_categories=n_categories, **hp)
-
-    reports = []
-    for d, x in shards:
-        seen: list[dict] = []
-        rep = run_client_tasks(plan, d.index, x, d.features, fit=lambda *a, **k: (seen.append(k), fit(*a, **k))[1])
-        for leaf, kw in zip(rep.leaves, seen):
-            calls[(d.index, leaf.subspace, leaf.cluster)] = {k: v for k, v in kw.items() if k != "n_categories"}
-        reports.append(rep)
-    fc = builder.assemble(plan, reports)
-    recorded = {(int(c), r["subspace"], r["cluster"]): r["hyperparameters"]
-                for c, rows in fc.meta["hyperparameters"].items() for r in rows}
-    assert recorded == calls
-    assert len(calls) == 3  # the owner's one PC, client 1's two clusters
-    assert all(hp["threshold"] == 0.35 and hp["col_split"] == "rdc" for hp in calls.values())
-    assert calls[(0, 0, 0)]["class_column"] == 2 and fc.meta["defaults"] == "adaptive"
+    reports = [run_client_tasks(plan, d.index, x, d.features, fit=fit) for d, x in shards]
+    final = {(r.client, leaf.subspace, leaf.cluster): calls[id(leaf.model)] for r in reports for leaf in r.leaves}
+    for r in reports:  # as the server holds them: decoded wire blobs
+        for leaf in r.leaves:
+            leaf.model = model_from_bytes(model_to_bytes(leaf.model), lazy=True)
+    fc = record_hyperparameters(builder.assemble(plan, reports))
+    rows = {(int(c), r["subspace"], r["cluster"]): r for c, pcs in fc.meta["hyperparameters"].items() for r in pcs}
+    assert set(rows) == set(final) and len(rows) == 3  # the owner's one PC, client 1's two clusters
+    for key, (n, hp) in final.items():
+        assert rows[key]["hyperparameters"] == hp and rows[key]["n_rows"] == n
+        assert hp["threshold"] == 0.35 and hp["col_split"] == "rdc"
+    choice = rows[(0, 0, 0)]["choice"]
+    assert choice["on"] == "held-out training rows" and choice["rows"] == 40
+    assert [("class_column" in c) for c in choice["candidates"]] == [True, False]
+    assert rows[(0, 0, 0)]["hyperparameters"] == choice["candidates"][int(np.argmax(choice["macro_f1"]))]
+    assert all("choice" not in rows[(1, 1, k)] for k in (0, 1))
     again = build_single_process(builder, shards, ["a0", "a1", "y", "b0", "b1"], "y", "vertical")
     assert again.meta["hyperparameters"] == fc.meta["hyperparameters"]
+
+
+def test_fit_records_survive_the_model_file(tmp_path):
+    from mpifc.federated.serialize import load_fc, save_fc
+
+    fc = build_single_process(OnePassBuilder(n_clusters=None), _vertical(120), ["a0", "a1", "y", "b0", "b1"], "y",
+                              "vertical")
+    save_fc(fc, tmp_path / "m.h5")
+    back = load_fc(tmp_path / "m.h5")
+    assert record_hyperparameters(back).meta["hyperparameters"] == fc.meta["hyperparameters"]
 
 
 def test_central_learns_one_pc_and_says_so():
