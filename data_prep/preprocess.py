@@ -133,15 +133,22 @@ class Preprocessor:
         return out
 
     def transform_inplace(self, out: np.ndarray, *, columns: list[int] | None = None,
-                          scale: bool = True) -> None:
-        """Like :meth:`transform`, overwriting ``out`` (float64 raw values, may be a view)."""
+                          scale: bool = True, impute: bool = True) -> None:
+        """Like :meth:`transform`, overwriting ``out`` (float64 raw values, may be a view).
+
+        ``impute=False`` keeps a missing value missing (NaN) in every column, target-encoded
+        ones included: what a query needs, where a missing value is marginalised.
+        """
         cols = [self.columns[j] for j in columns] if columns is not None else self.columns
         for k, col in enumerate(cols):
             if col.lookup is not None:
                 codes = out[:, k]
-                idx = np.where(np.isnan(codes), col.lookup.size - 1, codes).astype(np.int64)
+                missing = np.isnan(codes)
+                idx = np.where(missing, col.lookup.size - 1, codes).astype(np.int64)
                 out[:, k] = col.lookup[idx]
-            elif col.impute is not None:
+                if not impute:
+                    out[missing, k] = np.nan
+            elif col.impute is not None and impute:
                 column = out[:, k]
                 column[np.isnan(column)] = col.impute
         if scale and self.standardize:
@@ -155,6 +162,73 @@ class Preprocessor:
                 else:
                     out[:, idx] = (out[:, idx] - mean) / std
 
+    def inverse_transform(self, x: np.ndarray, *, columns: list[int] | None = None) -> np.ndarray:
+        """Shard values back to raw values: the inverse of :meth:`transform` (NaN stays NaN).
+
+        Standardised columns are unscaled; a target-encoded column gives the code of the category
+        whose encoding is nearest (ties: the lower code); a raw ``discrete`` column is rounded to
+        an integer. On values :meth:`transform` produced this returns the raw values exactly,
+        up to floating-point rounding of the unscaled real columns.
+
+        Args:
+            x: ``(m, D)`` shard values over :attr:`features` (or ``(m, len(columns))``).
+            columns: positions (into :attr:`features`) of the columns in ``x``.
+
+        Returns:
+            ``(m, ·)`` float64 raw values; categorical columns hold category codes.
+        """
+        out = np.array(x, dtype=np.float64, copy=True)
+        cols = [self.columns[j] for j in columns] if columns is not None else self.columns
+        for k, col in enumerate(cols):
+            v = out[:, k]
+            if col.mean is not None and self.standardize:
+                v *= col.std
+                v += col.mean
+            if col.lookup is not None:
+                v[:] = _nearest_code(col.lookup, v)
+            elif col.raw_meta_type in ("discrete", "categorical"):
+                np.round(v, out=v)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Preprocessor":
+        """The preprocessor :meth:`to_json` wrote (``manifest["preprocessing"]``).
+
+        Manifests written before category labels were recorded give the categorical columns
+        kept as codes labels ``"0"``, ``"1"``, ...
+
+        Raises:
+            UserError: a missing or malformed field, named.
+        """
+        try:
+            features = list(data["columns"])
+            columns, categories = [], {}
+            for name in features:
+                e = data["columns"][name]
+                col = ColumnTransform(raw_meta_type=str(e["raw_meta_type"]), meta_type=str(e["meta_type"]))
+                labels = e.get("categories")
+                if "encoding" in e:
+                    enc = e["encoding"]
+                    labels = list(labels) if labels is not None else list(enc)
+                    col.lookup = np.array([float(enc[lab]) for lab in labels] + [float(e["encoding_missing"])])
+                elif col.raw_meta_type == "categorical":
+                    col.n_categories = int(e["n_categories"]) if e.get("n_categories") is not None else (
+                        len(labels) if labels is not None else None)
+                    if labels is None and col.n_categories is not None:
+                        labels = [str(c) for c in range(col.n_categories)]
+                if labels is not None:
+                    categories[name] = [str(lab) for lab in labels]
+                if e.get("impute") is not None:
+                    col.impute = float(e["impute"])
+                if e.get("mean") is not None:
+                    col.mean, col.std = float(e["mean"]), float(e["std"])
+                columns.append(col)
+            return cls(features, columns, encode=str(data["encode"]), impute=bool(data["impute"]),
+                       standardize=bool(data["standardize"]), n_fit_rows=int(data.get("n_fit_rows", 0)),
+                       categories=categories)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"preprocessing: malformed field ({type(exc).__name__}: {exc})") from None
+
     @property
     def meta_types(self) -> list[str]:
         """Meta-type of each transformed column."""
@@ -165,6 +239,10 @@ class Preprocessor:
         cols = {}
         for name, col in zip(self.features, self.columns):
             entry: dict = {"raw_meta_type": col.raw_meta_type, "meta_type": col.meta_type}
+            if col.raw_meta_type == "categorical" and name in self.categories:
+                entry["categories"] = [str(lab) for lab in self.categories[name]]
+                if col.n_categories is not None:
+                    entry["n_categories"] = int(col.n_categories)
             if col.lookup is not None:
                 labels = self.categories[name]
                 entry["encoding"] = {lab: float(col.lookup[c]) for c, lab in enumerate(labels)}
@@ -176,6 +254,21 @@ class Preprocessor:
             cols[name] = entry
         return {"encode": self.encode, "impute": self.impute, "standardize": self.standardize,
                 "fitted_on": "train", "n_fit_rows": self.n_fit_rows, "columns": cols}
+
+
+def _nearest_code(lookup: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Per value of ``v``, the code whose encoding in ``lookup`` ``(k + 1,)`` is nearest (ties and
+    equal encodings: the lowest code). The last entry encodes a missing category: a value nearest
+    to it alone comes back missing (NaN), as does NaN."""
+    out = np.full(v.shape, np.nan)
+    seen = ~np.isnan(v)
+    if not lookup.size or not seen.any():
+        return out
+    dist = np.abs(v[seen, None] - lookup[None, :])  # (m, k + 1): k categories, a few dozen at most
+    code = np.argmin(dist, axis=1).astype(np.float64)  # argmin takes the first (lowest) code among ties
+    code[code == lookup.size - 1] = np.nan
+    out[seen] = code
+    return out
 
 
 def _fit_target_encoding(table: RawTable, train_rows: np.ndarray, cat_idx: list[int],

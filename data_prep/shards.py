@@ -52,7 +52,14 @@ back to the source scale as ``raw = x * std + mean`` (``preprocessing.columns``)
 pixels are levels ``0..L-1`` that were ``level * file_scale`` in the source file.
 
 A client rank reads only its own shard with :func:`read_client`; any missing, malformed or
-altered file raises :class:`mpifc.errors.UserError` naming the file.
+altered file raises :class:`mpifc.errors.UserError` naming the file. So does a value that is
+not finite (``inf``): NaN means "missing", anything infinite is refused with the file, the
+dataset, the column and the first row.
+
+Writing (:func:`write_shards`) replaces an earlier shard set in ``DIR`` as a whole, atomically,
+and only a shard set: a folder that holds anything else (any file or folder besides
+``manifest.json`` and the files it lists) is refused, naming the first such entry, and nothing
+in it is touched.
 """
 from __future__ import annotations
 
@@ -180,12 +187,37 @@ def write_client(path: Path, shard: ClientShard) -> None:
                "client_index": shard.index, "format": FORMAT})
 
 
+def shard_set_files(out: Path) -> set[str]:
+    """The names a shard set in ``out`` consists of: ``manifest.json`` and the files it lists
+    (empty if there is no readable manifest)."""
+    try:
+        raw = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        names = {MANIFEST, str(raw["test"]["file"])} | {str(c["file"]) for c in raw["clients"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    return {n for n in names if n and "/" not in n and n not in (".", "..")}
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """Entries of folder ``out`` that are not part of the shard set it holds, sorted."""
+    own = shard_set_files(out)
+    return sorted(name for name in os.listdir(out) if name not in own)
+
+
 def _prepare_target_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise UserError(f"{out}: not empty and not a shard directory (no {MANIFEST}); "
-                        "refusing to overwrite it")
+    """Refuse an output folder that cannot be written, or that holds anything but a shard set."""
+    from mpifc.atomic import write_problem
+
+    problem = write_problem(out, folder=True)
+    if problem is not None:
+        raise UserError(f"--out {out}: cannot be written: {problem}")
+    if out.is_dir():
+        foreign = foreign_entries(out)
+        if foreign:
+            what = "holds files that are not a shard set" if (out / MANIFEST).is_file() else \
+                "is not empty and holds no shard set (no manifest.json)"
+            raise UserError(f"--out {out}: {what}, e.g. {out / foreign[0]}; refusing to overwrite it "
+                            f"(choose an empty or new folder, or move that file away)")
 
 
 def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
@@ -201,8 +233,11 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
     """
     out = Path(out_dir).resolve()
     _prepare_target_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
     try:
         os.chmod(tmp, 0o755)
         clients = []
@@ -232,6 +267,13 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
             # first, and put it back if the swap fails
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "previous")
+            # Checked again now that nobody can add to it: only our own files are deleted.
+            foreign = foreign_entries(old / "previous")
+            if foreign:
+                os.replace(old / "previous", out)
+                shutil.rmtree(old, ignore_errors=True)
+                raise UserError(f"--out {out}: {out / foreign[0]} appeared while the shards were written; "
+                                f"the folder was left as it was")
             try:
                 os.replace(tmp, out)
             except BaseException:
@@ -241,6 +283,9 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -268,15 +313,112 @@ def load_manifest(directory: str | Path) -> Manifest:
     for key in _REQUIRED:
         if key not in raw:
             raise UserError(f"{path}: missing field {key!r}")
-    if len(raw["clients"]) != raw["n_clients"]:
-        raise UserError(f"{path}: field 'clients' lists {len(raw['clients'])} clients, "
-                        f"'n_clients' says {raw['n_clients']}")
+    check_manifest(raw, path)
     return Manifest(directory=d, dataset=raw["dataset"], setting=raw["setting"],
                     split=raw["split"], seed=raw["seed"], n_clients=raw["n_clients"],
                     target=raw["target"], classes=raw["classes"], features=raw["features"],
                     feature_order=raw["feature_order"], clients=raw["clients"],
                     test=raw["test"], preprocessing=raw["preprocessing"],
                     label_owner=raw["label_owner"], raw=raw)
+
+
+_META_TYPES = ("real", "discrete", "categorical")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _file_name(value: object) -> bool:
+    return isinstance(value, str) and bool(value) and "/" not in value and "\\" not in value and \
+        value not in (".", "..")
+
+
+def _sha(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def check_manifest(raw: dict, path: Path) -> None:
+    """The fields every reader relies on have the types and values this module's docstring gives.
+
+    Raises:
+        UserError: naming ``path`` and the first field at fault.
+    """
+    def bad(field: str, want: str) -> UserError:
+        return UserError(f"{path}: field {field!r} must be {want}")
+
+    for key in ("dataset", "setting", "split"):
+        if not isinstance(raw[key], str):
+            raise bad(key, "a string")
+    if not isinstance(raw["seed"], int) or isinstance(raw["seed"], bool):
+        raise bad("seed", "an integer")
+    n = raw["n_clients"]
+    if not _count(n) or n < 1:
+        raise bad("n_clients", "an integer >= 1")
+    if raw["target"] is not None and not isinstance(raw["target"], str):
+        raise bad("target", "a feature name or null")
+    if raw["classes"] is not None and not isinstance(raw["classes"], list):
+        raise bad("classes", "a list or null")
+    if not isinstance(raw["preprocessing"], dict):
+        raise bad("preprocessing", "an object")
+    if not (raw["label_owner"] == "all" or _count(raw["label_owner"])):
+        raise bad("label_owner", "a client index or \"all\"")
+    feats = raw["features"]
+    if not isinstance(feats, dict) or not feats:
+        raise bad("features", "a non-empty object")
+    for name, info in feats.items():
+        if not isinstance(info, dict) or info.get("meta_type") not in _META_TYPES:
+            raise bad(f"features.{name}.meta_type", "one of " + ", ".join(_META_TYPES))
+        k = info.get("n_categories")
+        if k is not None and not _count(k):
+            raise bad(f"features.{name}.n_categories", "an integer >= 0 or null")
+    order = raw["feature_order"]
+    if not isinstance(order, list) or sorted(map(str, order)) != sorted(feats) or len(set(map(str, order))) != len(order) \
+            or not all(isinstance(f, str) for f in order):
+        raise bad("feature_order", "a list naming every feature of 'features' once")
+    if raw["target"] is not None and raw["target"] not in feats:
+        raise bad("target", "a feature of 'features' or null")
+    clients = raw["clients"]
+    if not isinstance(clients, list):
+        raise bad("clients", "a list")
+    if len(clients) != n:
+        raise UserError(f"{path}: field 'clients' lists {len(clients)} clients, 'n_clients' says {n}")
+    for i, c in enumerate(clients):
+        where = f"clients[{i}]"
+        if not isinstance(c, dict):
+            raise bad(where, "an object")
+        if c.get("index") != i or isinstance(c.get("index"), bool):
+            raise bad(f"{where}.index", f"{i}")
+        if not _file_name(c.get("file")):
+            raise bad(f"{where}.file", "a file name in the shard folder")
+        cf = c.get("features")
+        if not isinstance(cf, list) or not cf or not all(isinstance(f, str) and f in feats for f in cf) \
+                or len(set(cf)) != len(cf):
+            raise bad(f"{where}.features", "a non-empty list of distinct features of 'features'")
+        for key in ("n_train", "n_test"):
+            if not _count(c.get(key)):
+                raise bad(f"{where}.{key}", "an integer >= 0")
+        if not _sha(c.get("sha256")):
+            raise bad(f"{where}.sha256", "64 lower-case hex digits")
+    test = raw["test"]
+    if not isinstance(test, dict):
+        raise bad("test", "an object")
+    if not _file_name(test.get("file")):
+        raise bad("test.file", "a file name in the shard folder")
+    if not _count(test.get("n")):
+        raise bad("test.n", "an integer >= 0")
+    if not _sha(test.get("sha256")):
+        raise bad("test.sha256", "64 lower-case hex digits")
+    if "image" in raw and raw["image"] is not None and not isinstance(raw["image"], dict):
+        raise bad("image", "an object")
+
+
+def input_files(manifest: Manifest) -> list[tuple[str, Path]]:
+    """``(what, path)`` of every file of a shard set: the manifest, each client's shard, the test
+    set (what a job must never overwrite)."""
+    d = Path(manifest.directory)
+    return ([("the manifest", d / MANIFEST)] + [("shard", d / c["file"]) for c in manifest.clients]
+            + [("test set", d / manifest.test["file"])])
 
 
 def _checked_file(directory: Path, entry: dict, verify: bool) -> Path:
@@ -292,13 +434,23 @@ def _checked_file(directory: Path, entry: dict, verify: bool) -> Path:
 
 
 def _dataset(f: h5py.File, name: str, path: Path, shape: tuple, dtype) -> np.ndarray:
-    if name not in f:
+    if name not in f or not isinstance(f[name], h5py.Dataset):
         raise UserError(f"{path}: dataset {name!r} missing")
     arr = f[name][()]
-    if arr.shape != shape or arr.dtype != dtype:
-        raise UserError(f"{path}: dataset {name!r} is {arr.dtype} {arr.shape}, expected "
-                        f"{np.dtype(dtype)} {shape}")
+    if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype:
+        got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise UserError(f"{path}: dataset {name!r} is {got}, expected {np.dtype(dtype)} {shape}")
     return arr
+
+
+def check_finite(x: np.ndarray, features: list[str], path: Path, name: str) -> None:
+    """Refuse infinite values in ``x`` (``(n, d)`` over ``features``; NaN = missing is allowed),
+    naming the file, the dataset, the column and the first row."""
+    bad = np.isinf(x)
+    if bad.any():
+        row, col = (int(v) for v in np.argwhere(bad)[0])
+        raise UserError(f"{path}: dataset {name!r}, column {features[col]!r}, row {row}: {x[row, col]!r} is not "
+                        f"finite (NaN marks a missing value; infinite values are refused)")
 
 
 def read_client(directory: str | Path, index: int, verify: bool = True) -> ClientShard:
@@ -334,14 +486,18 @@ def read_client(directory: str | Path, index: int, verify: bool = True) -> Clien
             valid = {} if not n_valid else {
                 "x_valid": _dataset(f, "valid/x", path, (n_valid, d), np.float64),
                 "ids_valid": _dataset(f, "valid/ids", path, (n_valid,), np.int64)}
-            return ClientShard(
+            shard = ClientShard(
                 index=index, features=feats, meta_types=m.meta_types(feats),
                 x_train=_dataset(f, "train/x", path, (entry["n_train"], d), np.float64),
                 ids_train=_dataset(f, "train/ids", path, (entry["n_train"],), np.int64),
                 x_test=_dataset(f, "test/x", path, (entry["n_test"], d), np.float64),
                 ids_test=_dataset(f, "test/ids", path, (entry["n_test"],), np.int64), **valid)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError, KeyError) as exc:
         raise UserError(f"{path}: not a readable HDF5 file ({exc})") from None
+    check_finite(shard.x_train, feats, path, "train/x")
+    check_finite(shard.x_test, feats, path, "test/x")
+    check_finite(shard.x_valid, feats, path, "valid/x")
+    return shard
 
 
 def read_test(directory: str | Path, verify: bool = True) -> TestSet:
@@ -355,8 +511,13 @@ def read_test(directory: str | Path, verify: bool = True) -> TestSet:
     n, d = m.test["n"], len(m.feature_order)
     try:
         with h5py.File(path, "r") as f:
-            return TestSet(features=list(m.feature_order),
+            feats = f.attrs.get("features")
+            if feats is not None and json.loads(feats) != list(m.feature_order):
+                raise UserError(f"{path}: features attribute disagrees with the manifest's feature_order")
+            test = TestSet(features=list(m.feature_order),
                            x=_dataset(f, "x", path, (n, d), np.float64),
                            ids=_dataset(f, "ids", path, (n,), np.int64))
-    except OSError as exc:
+    except (OSError, ValueError, TypeError, KeyError) as exc:
         raise UserError(f"{path}: not a readable HDF5 file ({exc})") from None
+    check_finite(test.x, test.features, path, "x")
+    return test

@@ -121,7 +121,8 @@ class DelimitedParser:
 
         Raises:
             UserError: on a line with the wrong number of fields, a non-number in a numeric
-                column, a non-finite number, or a missing target label; on text that is not
+                column, a non-finite number, a non-integer in a discrete column, or a missing
+                target label; on text that is not
                 UTF-8 or a file without rows. A parser that raised is spent.
         """
         reader = csv.reader(lines, delimiter=self.delimiter, skipinitialspace=True)
@@ -145,6 +146,7 @@ class DelimitedParser:
         append = self._store.append
         kept = [(j, seen_of.get(j)) for j in self._kept]
         n_fields = len(columns)
+        discrete = [s.kind == "discrete" for s in columns]
         target_col = self._target
         header_pending = header
         n_rows = 0
@@ -187,6 +189,10 @@ class DelimitedParser:
                 if math.isinf(value):
                     raise UserError(f"{path} line {reader.line_num}, field "
                                     f"{columns[j].name!r}: {tok!r} is not finite")
+                if discrete[j] and not value.is_integer() and value == value:  # NaN: missing
+                    raise UserError(f"{path} line {reader.line_num}, field "
+                                    f"{columns[j].name!r}: {tok!r} is not an integer (the column is "
+                                    f"declared discrete)")
                 append(value)
             n_rows += 1
         return n_rows

@@ -87,6 +87,14 @@ def _load_npy(name: str, data: Path, schema: dict, schema_file: Path) -> RawTabl
     if np.isinf(arr).any():
         row, col = np.argwhere(np.isinf(arr))[0]
         raise UserError(f"{data} row {row}, field {cols[col]['name']!r}: not finite")
+    for j, col in enumerate(cols):
+        if col["type"] == "discrete":
+            values = arr[:, j]
+            bad = ~np.isnan(values) & (values != np.floor(values))
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise UserError(f"{data} row {row}, field {col['name']!r}: {values[row]!r} is not an integer "
+                                f"(the column is declared discrete in {schema_file})")
     target = schema.get("target")
     feats, meta, xs, categories = [], [], [], {}
     y = classes = None

@@ -51,3 +51,68 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """UTF-8 text version of :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_problem(path: str | os.PathLike, folder: bool = False) -> str | None:
+    """Why ``path`` cannot be written, or None if it can (checked without touching ``path``).
+
+    ``folder``: ``path`` is a folder to write files into (created if missing), not a file. The
+    check creates and removes a probe file in the nearest folder that exists, so it sees what a
+    write would meet (a read-only file system, a permission, a file where a folder should be).
+    """
+    p = Path(os.path.abspath(path))
+    if p.exists():
+        if folder and not p.is_dir():
+            return f"{p} is a file, not a folder"
+        if not folder and p.is_dir():
+            return f"{p} is a folder, not a file"
+    base = p if folder else p.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        return f"{base} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mpifc-probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"cannot create files in {base} ({e.strerror or e})"
+    return None
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file (symbolic and hard links followed)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_outputs(outputs: list[tuple[str, str | os.PathLike | None, bool]],
+                  inputs: list[tuple[str, str | os.PathLike]]) -> None:
+    """Refuse outputs that cannot be written, that would overwrite an input, or that share a path.
+
+    Args:
+        outputs: ``(flag, path or None, is_folder)`` per output (None: not asked for).
+        inputs: ``(what, path)`` per input file, e.g. ``("shard", "DIR/client-0.h5")``.
+
+    Raises:
+        UserError: one line naming the flag and the path.
+    """
+    from mpifc.errors import UserError
+
+    given = [(flag, Path(path), is_folder) for flag, path, is_folder in outputs if path not in (None, "")]
+    for flag, path, is_folder in given:
+        for what, src in inputs:
+            if same_file(path, src):
+                raise UserError(f"{flag} {path}: is an input of this job ({what} {src}); refusing to overwrite it")
+    for i, (flag, path, _) in enumerate(given):
+        for flag2, path2, _ in given[i + 1:]:
+            if same_file(path, path2):
+                raise UserError(f"{flag} {path} and {flag2} {path2}: the same file; give each output its own path")
+    for flag, path, is_folder in given:
+        problem = write_problem(path, folder=is_folder)
+        if problem is not None:
+            raise UserError(f"{flag} {path}: cannot be written: {problem}")

@@ -81,7 +81,7 @@ def test_unknown_benchmark_is_exit_2_and_lists_the_known_ones():
 
 def test_every_subcommand_has_a_resolvable_handler():
     _, subs = build_parser()
-    assert set(subs) == set(COMMANDS) == {"info", "train", "evaluate", "baseline", "bench", "experiment"}
+    assert set(subs) == set(COMMANDS) == {"info", "train", "evaluate", "query", "baseline", "bench", "experiment"}
     for name in COMMANDS:
         assert callable(resolve_handler(name))
 

@@ -3,11 +3,12 @@
 Usage (repo root)::
 
     python launch/slurm/submit_sweep.py --ranks 2,4,8,16,32 --out results/scaling \\
-        --partition gpu --time 02:00:00 --gpus-per-task 1
+        --partition gpu --time 02:00:00 --gpus-per-task 1   # one GPU per rank
+    python launch/slurm/submit_sweep.py --ranks 2,4 --out results/scaling   # CPU only (the default)
     python launch/slurm/submit_sweep.py --ranks 2,4 --dry-run      # write the scripts, submit nothing
 
 Each job is ``launch/slurm/fedpc.sbatch`` with its ``#SBATCH`` header rendered for that rank
-count (``--ntasks=R``, one task per rank, ``--gpus-per-task`` GPUs bound to each rank) and
+count (``--ntasks=R``, one task per rank, and ``--gpus-per-task`` GPUs per rank when asked for) and
 ``RANKS=R``; the rendered scripts are kept under ``OUT/slurm/`` for the record. The jobs are
 independent (no ``--dependency``). When all have finished, aggregate every rank count with::
 
@@ -28,13 +29,13 @@ REPO = HERE.parents[1]
 
 
 def render(template: str, ranks: int, *, out: str, modes: str = "strong,weak", seeds: str = "0",
-           gpus_per_task: int = 1, cpus_per_task: int = 1, time: str = "02:00:00", partition: str | None = None,
+           gpus_per_task: int = 0, cpus_per_task: int = 1, time: str = "02:00:00", partition: str | None = None,
            account: str | None = None, extra_args: str = "") -> str:
     """The batch script for ``ranks`` ranks: header lines replaced, run variables fixed.
 
     Args:
         template: text of ``fedpc.sbatch``.
-        gpus_per_task: GPUs per rank (0 drops the GPU request: CPU-only partitions).
+        gpus_per_task: GPUs per rank; 0 (the default) requests none, as the template does.
         extra_args: more flags for ``launch/sweep.py`` (e.g. ``--assign tree --servers 2``).
     """
     if ranks < 2:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/scaling")
     p.add_argument("--modes", default="strong,weak")
     p.add_argument("--seeds", default="0")
-    p.add_argument("--gpus-per-task", type=int, default=1, help="GPUs per rank (0: CPU only)")
+    p.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per rank (default 0: CPU only)")
     p.add_argument("--cpus-per-task", type=int, default=1)
     p.add_argument("--time", default="02:00:00")
     p.add_argument("--partition", default=None)
@@ -93,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     if not ranks or min(ranks) < 2:
         print(f"submit_sweep: --ranks {a.ranks!r}: every rank count must be >= 2", file=sys.stderr)
         return 2
+    if a.gpus_per_task < 0 or a.cpus_per_task < 1:
+        print(f"submit_sweep: --gpus-per-task {a.gpus_per_task} / --cpus-per-task {a.cpus_per_task}: "
+              "need >= 0 GPUs and >= 1 CPU per task", file=sys.stderr)
+        return 2
     template = TEMPLATE.read_text()
     script_dir = Path(a.out) / "slurm"
     script_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.dry_run:
             print(f"wrote {path}")
             continue
-        res = subprocess.run(["sbatch", str(path)], capture_output=True, text=True, cwd=REPO)
+        try:
+            res = subprocess.run(["sbatch", str(path)], capture_output=True, text=True, cwd=REPO)
+        except FileNotFoundError:
+            print("submit_sweep: no sbatch on PATH: submit from a Slurm login node, bring up "
+                  "launch/slurm/local-cluster.sh, or use --dry-run", file=sys.stderr)
+            return 2
         if res.returncode != 0:
             print(f"submit_sweep: sbatch {path} failed: {res.stderr.strip()}", file=sys.stderr)
             return 1

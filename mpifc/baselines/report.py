@@ -3,11 +3,11 @@ payload class, plus the command-line options the baselines share."""
 from __future__ import annotations
 
 import io
-import json
 from typing import Any, Callable
 
 import numpy as np
 
+from mpifc.runtime.jsonout import finite_json
 from mpifc.runtime.kinds import kind_by_id
 
 
@@ -59,7 +59,7 @@ def ledger_totals(table: Any) -> dict[str, Any]:
 def print_result(result: dict[str, Any], as_json: bool) -> None:
     """One JSON line, or a short human-readable block."""
     if as_json:
-        print(json.dumps(result), flush=True)
+        print(finite_json(result), flush=True)
         return
     keys = ("method", "accuracy", "f1", "bytes_train", "messages_train", "bytes_total", "wall_seconds")
     for k in keys:

@@ -45,8 +45,8 @@ class DensityModel(Protocol):
 
     scope: tuple[int, ...]
 
-    def log_likelihood(self, x: ArrayLike) -> torch.Tensor:
-        """``log p(x)`` per sample, shape ``(batch,)``, nats; NaN entries are marginalised."""
+    def log_likelihood(self, x: ArrayLike) -> np.ndarray:
+        """``log p(x)`` per sample, float64 ``(batch,)``, nats; NaN entries are marginalised."""
         ...
 
     def mpe(self, x: ArrayLike) -> np.ndarray:

@@ -303,10 +303,10 @@ class RatSPN:
         return root, prods, ins
 
     @torch.no_grad()
-    def log_likelihood(self, x: Any) -> torch.Tensor:
-        """``log p(x)`` ``(batch,)`` nats; NaN entries marginalised."""
+    def log_likelihood(self, x: Any) -> np.ndarray:
+        """``log p(x)`` float64 ``(batch,)`` nats; NaN entries marginalised."""
         t = self._as_input(x)
-        return self._upward(t)[0]
+        return self._upward(t)[0].to(torch.float64).numpy()
 
     # ------------------------------------------------------------------ top-down passes
 

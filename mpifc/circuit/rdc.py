@@ -14,9 +14,12 @@ Instead of running one CCA per pair, every column's features are whitened once (
 decomposition of its own ``(k, k)`` covariance, keeping only numerically non-zero directions);
 the canonical correlations of a pair are then the singular values of the whitened
 cross-covariance block, and the largest one is read off a batched ``(k, k)`` eigenproblem.
+A slice too wide for its ``(d k, d k)`` moment matrix to fit :data:`_GRAM_BYTES` is computed in
+blocks of columns, with the same result to the bit (see :func:`_random_feature_rdc`).
 """
 from __future__ import annotations
 
+import math
 import threading
 from contextlib import contextmanager
 from typing import Iterator, Sequence
@@ -41,6 +44,14 @@ _ABS_TOL = 1e-13
 _ROW_CHUNK = 8192
 """Rows per block when accumulating the feature covariance (bounds memory to O(chunk * d * k))."""
 
+_GRAM_BYTES = 64 << 20
+"""Largest moment matrix of random features formed at once (bytes): up to this the RDC of all
+columns is one block; a wider slice is computed in column blocks (:func:`_column_blocks`), so that
+memory no longer grows with the square of the column count."""
+
+_FEATURE_BYTES = 256 << 20
+"""Largest feature matrix of one row block formed at once (bytes); see :data:`_GRAM_BYTES`."""
+
 
 _WORK = threading.local()
 
@@ -51,7 +62,8 @@ def reuse_work_arrays() -> Iterator[None]:
     between calls instead of allocating them afresh.
 
     One RDC over ``d`` columns with ``k`` features allocates several ``(d k, d k)`` and
-    ``(d (d-1) / 2, k, k)`` float64 temporaries (~15 MB at d = 31, k = 20). Freed after every
+    ``(d (d-1) / 2, k, k)`` float64 temporaries (~15 MB at d = 31, k = 20; on wider slices,
+    those of its column blocks, bounded by :data:`_GRAM_BYTES` and :data:`_FEATURE_BYTES`). Freed after every
     call, the allocator hands the pages back to the OS and the next call faults them in again
     (measured ~3,500 minor page faults per such call, about as long as the arithmetic on slices
     of a hundred rows). LearnSPN runs one RDC per column split, so :func:`mpifc.circuit.learnspn`
@@ -231,6 +243,102 @@ def rdc_matrix(
     return _random_feature_rdc(data, categorical, cards, k, s, rng, ties)
 
 
+def _column_blocks(d: int, kk: int, rows: int, block: int | None = None) -> list[tuple[int, int]]:
+    """Contiguous column ranges ``[(lo, hi), ...]`` covering ``0 .. d-1`` for
+    :func:`_random_feature_rdc`.
+
+    ``block`` is the most columns per range (``None``: from :data:`_GRAM_BYTES` and
+    :data:`_FEATURE_BYTES`, so that two ranges' features and their moment matrix fit; one range
+    whenever all columns' do). Ranges differ in size by at most one and hold at least two
+    columns (so that a range's own feature matrix is never a single column, which numpy would
+    reduce and multiply by other routines), even where that exceeds ``block``.
+    """
+    if block is None:
+        m = d * kk
+        if m * m * 8 <= _GRAM_BYTES and rows * m * 8 <= _FEATURE_BYTES:
+            return [(0, d)]
+        pair_features = min(math.isqrt(_GRAM_BYTES // 8), _FEATURE_BYTES // (8 * max(rows, 1)))
+        block = pair_features // (2 * kk)
+    block = max(1, int(block))
+    n_blocks = max(1, min(-(-d // block), d // 2))
+    edges = [d * b // n_blocks for b in range(n_blocks + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _fill_features(feats: np.ndarray, xt: np.ndarray, proj: np.ndarray,
+                   ranges: Sequence[tuple[int, int]], lo: int, kk: int) -> None:
+    """Random features of the columns in ``ranges`` (concatenated in that order) for the rows
+    ``lo .. lo + rows - 1`` into ``feats`` ``(rows, sum(hi - lo) * kk)``: column ``j``'s ``kk``
+    features side by side. Every column's projection is its own matrix product and ``sin`` is
+    element-wise, so a column's features do not depend on which other columns are computed
+    with it."""
+    rows = feats.shape[0]
+    at = 0
+    for c0, c1 in ranges:
+        c = c1 - c0
+        lin = np.matmul(xt[c0:c1, lo : lo + rows], proj[c0:c1], out=_work("lin", (c, rows, kk)))
+        f3 = np.sin(lin, out=_work("f3", (c, rows, kk)))  # (c, rows, kk)
+        np.copyto(feats[:, at : at + c * kk].reshape(rows, c, kk), f3.transpose(1, 0, 2))
+        at += c * kk
+
+
+def _moments(xt: np.ndarray, proj: np.ndarray, ranges: Sequence[tuple[int, int]], kk: int,
+             total: np.ndarray | None = None, first: np.ndarray | None = None) -> np.ndarray:
+    """Raw second moments (sums over rows, not yet divided by ``n``) ``(w, w)`` of the features of
+    the columns in ``ranges``, ``w = kk * (number of columns)``, accumulated in row blocks of
+    :data:`_ROW_CHUNK`; with ``total`` ``(w,)`` (zeros on entry), also the feature sums.
+    ``first``: the features ``(n, kk * c)`` of the first range, already computed (one row block
+    only).
+
+    Each row block's products come from one ``A.T @ A`` (numpy calls BLAS ``syrk``): an entry
+    of that product depends only on its two feature columns, not on the other columns of ``A``
+    (checked bit for bit in ``tests/circuit/test_rdc_blocked.py``), so the moments of any set of
+    columns equal the same entries of the moment matrix of all of them. The column sums reduce
+    over rows in row order for any width of at least two, which :func:`_column_blocks` ensures.
+    """
+    n = xt.shape[1]
+    w = kk * sum(c1 - c0 for c0, c1 in ranges)
+    gram = _work("gram", (w, w))
+    for lo in range(0, n, _ROW_CHUNK):
+        rows = min(n, lo + _ROW_CHUNK) - lo
+        feats = _work("feats", (rows, w))
+        if first is None:
+            _fill_features(feats, xt, proj, ranges, lo, kk)
+        else:
+            np.copyto(feats[:, : first.shape[1]], first)
+            _fill_features(feats[:, first.shape[1] :], xt, proj, ranges[1:], lo, kk)
+        if total is not None:
+            total += feats.sum(0)
+        if lo == 0:  # gram = 0.0 + the first block's products (0.0 + x, bit for bit)
+            np.matmul(feats.T, feats, out=gram)
+            gram += 0.0
+        else:  # later blocks: products into pair stack a's buffer (unused until the pairs below)
+            gram += np.matmul(feats.T, feats, out=_work("pairs_a", (w, w)))
+    return gram
+
+
+def _pair_tops(a: np.ndarray, mean_blocks: np.ndarray, white: np.ndarray, iu: np.ndarray,
+               ju: np.ndarray) -> np.ndarray:
+    """Largest canonical correlation ``(p,)`` of each column pair ``(iu[q], ju[q])``, given in
+    ``a`` ``(p, kk, kk)`` their raw moment blocks divided by ``n`` (overwritten).
+
+    ``mean_blocks`` ``(d, kk)`` and ``white`` ``(d, kk, kk)`` are per column. Every step is
+    element-wise or one small matrix product / eigensolve per pair, so a pair's value does not
+    depend on which pairs share the stack.
+    """
+    kk = a.shape[1]
+    # Three stacks serve seven intermediates, each written once its previous occupant is dead:
+    # a = cov blocks -> cross, b = outer blocks -> white[iu] -> white[ju], c = left -> sym.
+    b, c = (_work(f"pairs_{name}", (len(iu), kk, kk)) for name in "bc")
+    a -= np.multiply(mean_blocks[iu][:, :, None], mean_blocks[ju][:, None, :], out=b)
+    np.take(white, iu, axis=0, out=b)
+    left = np.matmul(b.transpose(0, 2, 1), a, out=c)
+    np.take(white, ju, axis=0, out=b)
+    cross = np.matmul(left, b, out=a)
+    sym = np.matmul(cross, cross.transpose(0, 2, 1), out=c)
+    return np.sqrt(np.clip(np.linalg.eigvalsh(sym)[:, -1], 0.0, 1.0))
+
+
 def _random_feature_rdc(
     data: np.ndarray,
     categorical: Sequence[bool],
@@ -239,17 +347,24 @@ def _random_feature_rdc(
     s: float,
     rng: np.random.Generator,
     ties: str = "max",
+    block: int | None = None,
 ) -> np.ndarray:
     """The general RDC computation behind :func:`rdc_matrix` (same arguments).
 
-    The large intermediates (the ``(d k, d k)`` moment matrices, the ``(d (d-1) / 2, k, k)``
-    stacks of cross blocks) are written into :func:`_work` arrays with ``out=``: the same
-    operations on the same operands, so the same bits, but inside :func:`reuse_work_arrays`
-    no fresh pages per call (see there).
+    Columns are processed in contiguous blocks (:func:`_column_blocks`; ``block``: most columns
+    per block, ``None`` for the memory budget). Usually there is one block, the whole slice.
+    With several, each block first gives its columns' means, whitening and within-block pairs;
+    then every pair of blocks gives its cross pairs from the moments of the two blocks' columns
+    together. Peak memory is then bounded by the budget (plus the ``(d, n, width)`` inputs and
+    the ``(d, d)`` result) instead of growing with ``(d k)**2``, at about twice the multiply
+    work of one moment matrix, and the result is the same to the bit: every value is formed by
+    the same operations on the same operands (see :func:`_moments` and :func:`_pair_tops`).
+
+    The large intermediates are written into :func:`_work` arrays with ``out=``: inside
+    :func:`reuse_work_arrays` no fresh pages per call (see there).
     """
     n, d = data.shape
     kk = max([k] + [int(cards[j]) for j in range(d) if categorical[j]])
-    m = d * kk
     # Same-shaped projections for every column (zero-padded rows for narrower inputs) let one
     # batched matmul build all features at once.
     xt, widths = _projection_inputs(data, categorical, cards, ties)  # (d, n, width)
@@ -263,65 +378,73 @@ def _random_feature_rdc(
         if categorical[j]:
             proj[j, : widths[j]] = gauss[j, : widths[j]] * (s / widths[j])
 
-    # Mean and raw second moments of the (n, d*kk) feature matrix, accumulated in row blocks.
-    total = np.zeros(m)
-    gram = _work("gram", (m, m))
-    for lo in range(0, n, _ROW_CHUNK):
-        rows = min(n, lo + _ROW_CHUNK) - lo
-        lin = np.matmul(xt[:, lo : lo + rows], proj, out=_work("lin", (d, rows, kk)))
-        f3 = np.sin(lin, out=_work("f3", (d, rows, kk)))  # (d, rows, kk)
-        feats = _work("feats", (rows, m))
-        np.copyto(feats.reshape(rows, d, kk), f3.transpose(1, 0, 2))
-        total += feats.sum(0)
-        if lo == 0:  # gram = 0.0 + the first block's products (0.0 + x, bit for bit)
-            np.matmul(feats.T, feats, out=gram)
-            gram += 0.0
-        else:  # later blocks: products into pair stack a's buffer (unused until the pairs below)
-            gram += np.matmul(feats.T, feats, out=_work("pairs_a", (m, m)))
-    mean = total / n
-    # Covariance blocks, cov = gram / n - outer(mean, mean), element by element: only the
-    # blocks used below are formed (the diagonal ones and those above it), each written once
-    # into place. raw[i, :, j, :] is the (i, j) block of raw moments.
-    raw = gram.reshape(d, kk, d, kk)
-    mean_blocks = mean.reshape(d, kk)
-    columns = np.arange(d)
-
-    # Whitening per column: W_j = V diag(lam^-1/2) on the directions that exist.
-    diag = np.divide(raw[columns, :, columns, :], n)  # (d, kk, kk): the (j, j) blocks
-    diag -= mean_blocks[:, :, None] * mean_blocks[:, None, :]
-    diag = 0.5 * (diag + diag.transpose(0, 2, 1))
-    lam, vec = np.linalg.eigh(diag)
-    lam_max = np.maximum(lam.max(axis=1, keepdims=True), 0.0)
-    # Features are bounded by 1, so variances below _ABS_TOL are rounding noise of E[f^2]-E[f]^2.
-    keep = (lam > _RANK_TOL * lam_max) & (lam > _ABS_TOL)
-    keep &= ~(np.ptp(data, axis=0) == 0)[:, None]
-    inv_sqrt = np.where(keep, 1.0 / np.sqrt(np.maximum(lam, 1e-300)), 0.0)
-    white = vec * inv_sqrt[:, None, :]  # (d, kk, kk)
-
-    # Whitened cross-covariances, then their spectral norms = largest canonical correlations.
-    # One eigenproblem per unordered pair (i < j): the (j, i) block is the transpose of the
-    # (i, j) one and has the same singular values, and the diagonal is 1 by definition. The
-    # batched (k, k) eigensolves are the fixed cost of a split, which dominates on small slices.
-    iu, ju = _pairs(d)
-    shape = (len(iu), kk, kk)
-    # Three stacks of pair blocks serve seven intermediates, each written once its previous
-    # occupant is dead: a = cov blocks (i, j > i) -> cross, b = outer blocks -> white[iu] ->
-    # white[ju], c = left -> sym.
-    a, b, c = (_work(f"pairs_{name}", shape) for name in "abc")
-    start = 0
-    for i in range(d - 1):  # a = gram blocks (i, j > i) / n, a row of blocks at a time (iu is sorted)
-        np.divide(raw[i, :, i + 1 :, :].transpose(1, 0, 2), n, out=a[start : start + d - 1 - i])
-        start += d - 1 - i
-    a -= np.multiply(mean_blocks[iu][:, :, None], mean_blocks[ju][:, None, :], out=b)
-    np.take(white, iu, axis=0, out=b)
-    left = np.matmul(b.transpose(0, 2, 1), a, out=c)
-    np.take(white, ju, axis=0, out=b)
-    cross = np.matmul(left, b, out=a)
-    sym = np.matmul(cross, cross.transpose(0, 2, 1), out=c)
-    top = np.sqrt(np.clip(np.linalg.eigvalsh(sym)[:, -1], 0.0, 1.0))
+    blocks = _column_blocks(d, kk, min(n, _ROW_CHUNK), block)
+    constant = np.ptp(data, axis=0) == 0
+    mean_blocks = np.empty((d, kk))
+    white = np.empty((d, kk, kk))
     out = np.eye(d)
-    out[iu, ju] = top
-    out[ju, iu] = top
+    for lo, hi in blocks:
+        c = hi - lo
+        # Mean and raw second moments of this block's (n, c*kk) features, in row blocks.
+        total = np.zeros(c * kk)
+        gram = _moments(xt, proj, [(lo, hi)], kk, total)
+        mean_blocks[lo:hi] = (total / n).reshape(c, kk)
+        # Covariance blocks, cov = gram / n - outer(mean, mean), element by element: only the
+        # blocks used below are formed (the diagonal ones and those above it), each written once
+        # into place. raw[i, :, j, :] is the (i, j) block of raw moments.
+        raw = gram.reshape(c, kk, c, kk)
+        mb = mean_blocks[lo:hi]
+        local = np.arange(c)
+
+        # Whitening per column: W_j = V diag(lam^-1/2) on the directions that exist.
+        diag = np.divide(raw[local, :, local, :], n)  # (c, kk, kk): the (j, j) blocks
+        diag -= mb[:, :, None] * mb[:, None, :]
+        diag = 0.5 * (diag + diag.transpose(0, 2, 1))
+        lam, vec = np.linalg.eigh(diag)
+        lam_max = np.maximum(lam.max(axis=1, keepdims=True), 0.0)
+        # Features are bounded by 1, so variances below _ABS_TOL are rounding noise of E[f^2]-E[f]^2.
+        keep = (lam > _RANK_TOL * lam_max) & (lam > _ABS_TOL)
+        keep &= ~constant[lo:hi, None]
+        inv_sqrt = np.where(keep, 1.0 / np.sqrt(np.maximum(lam, 1e-300)), 0.0)
+        white[lo:hi] = vec * inv_sqrt[:, None, :]  # (c, kk, kk)
+
+        # Whitened cross-covariances, then their spectral norms = largest canonical correlations.
+        # One eigenproblem per unordered pair (i < j): the (j, i) block is the transpose of the
+        # (i, j) one and has the same singular values, and the diagonal is 1 by definition. The
+        # batched (k, k) eigensolves are the fixed cost of a split, which dominates on small slices.
+        if c < 2:
+            continue
+        iu, ju = _pairs(c)
+        a = _work("pairs_a", (len(iu), kk, kk))
+        start = 0
+        for i in range(c - 1):  # a = gram blocks (i, j > i) / n, a row of blocks at a time (iu is sorted)
+            np.divide(raw[i, :, i + 1 :, :].transpose(1, 0, 2), n, out=a[start : start + c - 1 - i])
+            start += c - 1 - i
+        if lo:
+            iu, ju = iu + lo, ju + lo
+        top = _pair_tops(a, mean_blocks, white, iu, ju)
+        out[iu, ju] = top
+        out[ju, iu] = top
+
+    # Pairs across blocks: the moments of two blocks' columns together, whose off-diagonal part
+    # holds the cross blocks (those of the same block come again and are not used).
+    for bi, (lo, hi) in enumerate(blocks[:-1]):
+        ci = hi - lo
+        first = None
+        if n <= _ROW_CHUNK:  # one row block: this block's features serve all its pairs of blocks
+            first = _work("feats_first", (n, ci * kk))
+            _fill_features(first, xt, proj, [(lo, hi)], 0, kk)
+        for lo2, hi2 in blocks[bi + 1 :]:
+            cj = hi2 - lo2
+            gram = _moments(xt, proj, [(lo, hi), (lo2, hi2)], kk, first=first)
+            raw = gram.reshape(ci + cj, kk, ci + cj, kk)
+            a = _work("pairs_a", (ci * cj, kk, kk))
+            np.divide(raw[:ci, :, ci:, :].transpose(0, 2, 1, 3), n, out=a.reshape(ci, cj, kk, kk))
+            iu = np.repeat(np.arange(lo, hi), cj)
+            ju = np.tile(np.arange(lo2, hi2), ci)
+            top = _pair_tops(a, mean_blocks, white, iu, ju).reshape(ci, cj)
+            out[lo:hi, lo2:hi2] = top
+            out[lo2:hi2, lo:hi] = top.T
     return out
 
 

@@ -40,6 +40,20 @@ def segment_argmax(vals: torch.Tensor, seg: torch.Tensor, n_seg: int, best: torc
     return out.scatter_reduce(1, seg.expand(vals.shape[0], -1), cand, reduce="amin", include_self=True)
 
 
+def segment_max_rows(vals: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
+    """:func:`segment_max` with node-major layout: ``vals`` ``(E, batch)`` -> ``(n_seg, batch)``."""
+    out = torch.full((n_seg, vals.shape[1]), -torch.inf, dtype=vals.dtype)
+    return out.scatter_reduce(0, seg[:, None].expand(-1, vals.shape[1]), vals, reduce="amax", include_self=True)
+
+
+def segment_logsumexp_rows(vals: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
+    """:func:`segment_logsumexp` with node-major layout (same operations, so the same values)."""
+    m = segment_max_rows(vals, seg, n_seg)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    s = torch.zeros_like(m).index_add_(0, seg, torch.exp(vals - m[seg]))
+    return torch.log(s) + m
+
+
 @dataclass(frozen=True)
 class Semiring:
     """A log-space semiring: its name and whether "plus" is a max (MPE) or a logsumexp."""
@@ -52,6 +66,24 @@ class Semiring:
         if self.is_max:
             return segment_max(vals, seg, n_seg)
         return segment_logsumexp(vals, seg, n_seg)
+
+    def plus_rows(self, vals: torch.Tensor, seg: torch.Tensor, n_seg: int, pairs: bool = False) -> torch.Tensor:
+        """:meth:`plus` with node-major layout: ``(E, batch)`` -> ``(n_seg, batch)``.
+
+        ``pairs``: the edges are consecutive pairs, ``seg == [0, 0, 1, 1, ...]`` (sums of two
+        children, as LearnSPN's two-cluster splits make). The pair is then reduced in place of
+        the scatter, with the same values (a sum of two terms does not depend on their order).
+        """
+        if pairs:
+            v = vals.view(n_seg, 2, vals.shape[1])
+            m = torch.maximum(v[:, 0], v[:, 1])
+            if self.is_max:
+                return m
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            return torch.log(torch.exp(v[:, 0] - m) + torch.exp(v[:, 1] - m)) + m
+        if self.is_max:
+            return segment_max_rows(vals, seg, n_seg)
+        return segment_logsumexp_rows(vals, seg, n_seg)
 
 
 SUM_PRODUCT = Semiring("sum-product", is_max=False)

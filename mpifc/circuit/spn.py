@@ -59,9 +59,9 @@ class SPN:
 
     # -- queries (DensityModel) ---------------------------------------------------------------
 
-    def log_likelihood(self, x: Any) -> torch.Tensor:
-        """``log p(x)`` ``(batch,)`` nats; NaN entries marginalised."""
-        return self.circuit.log_likelihood(x)
+    def log_likelihood(self, x: Any) -> np.ndarray:
+        """``log p(x)`` float64 ``(batch,)`` nats; NaN entries marginalised."""
+        return self.circuit.log_likelihood(x).numpy()
 
     def mpe(self, x: Any) -> np.ndarray:
         """NaN entries completed by max-product backtracking, ``(batch, n_vars)``."""
@@ -71,13 +71,18 @@ class SPN:
         """``n`` samples ``(n, n_vars)``; non-NaN ``evidence`` entries are kept and conditioned on."""
         return self.circuit.sample(n, np.random.default_rng(rng), evidence)
 
-    def conditional(self, x: Any, query_vars: Any) -> torch.Tensor:
-        """``log p(x_query | x_rest)`` ``(batch,)`` nats."""
-        return self.circuit.conditional(x, query_vars)
+    def conditional(self, x: Any, query_vars: Any) -> np.ndarray:
+        """``log p(x_query | x_rest)`` float64 ``(batch,)`` nats."""
+        return self.circuit.conditional(x, query_vars).numpy()
 
-    def predict_proba(self, x: Any, target: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(classes (k,), probs (batch, k))`` of discrete variable ``target``."""
-        return self.circuit.predict_proba(x, target)
+    def classes(self, target: int) -> np.ndarray:
+        """The values discrete variable ``target`` takes, ``(k,)``: the columns of :meth:`predict_proba`."""
+        return self.circuit.support(target)
+
+    def predict_proba(self, x: Any, target: int) -> np.ndarray:
+        """``p(target = c | other observed entries)`` ``(batch, k)``, rows summing to 1, columns in
+        the order of :meth:`classes`; the target column of ``x`` is ignored."""
+        return self.circuit.predict_proba(x, target)[1]
 
     def predict(self, x: Any, target: int) -> np.ndarray:
         """Most probable value of ``target`` ``(batch,)``."""

@@ -1,4 +1,4 @@
-"""The ``mpifc`` command line: ``info``, ``train``, ``evaluate``, ``baseline``, ``bench``, ``experiment``.
+"""The ``mpifc`` command line: ``info``, ``train``, ``evaluate``, ``query``, ``baseline``, ``bench``, ``experiment``.
 
 Every argparse parser a user reaches lives in this package, one module per subcommand
 (``python -m data_prep`` included: :mod:`mpifc.cli.prep`). The handlers turn flags into plain
@@ -45,6 +45,8 @@ COMMANDS: dict[str, Command] = {
                      "mpifc.cli.train:add_train_arguments"),
     "evaluate": Command("evaluate a trained federated circuit (or FedNGM)", "mpifc.cli.evaluate:evaluate_main",
                         "mpifc.cli.evaluate:add_evaluate_arguments"),
+    "query": Command("answer questions about new rows: ll, predict, mpe, sample, marginal", "mpifc.cli.query:query_main",
+                     "mpifc.cli.query:add_query_arguments"),
     "baseline": Command("run a baseline: fedavg, splitnn, central, decentralized", "mpifc.cli.baseline:baseline_main",
                         "mpifc.cli.baseline:add_baseline_arguments"),
     "bench": Command("run a benchmark from launch/bench/", "mpifc.cli.bench:bench_main",
@@ -55,6 +57,18 @@ COMMANDS: dict[str, Command] = {
 
 NOT_CONFIGURABLE = ("bench", "baseline")
 """Subcommands without ``--config``: their flags belong to a script or a nested sub-command."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's help ends with its default (``--help`` shows them all)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.default is None or action.default is False or action.default == []:
+            return text  # nothing set unless given: the help says what happens then
+        return f"{text} (default: %(default)s)"
 
 
 def _load(ref: str) -> Callable[..., Any]:
@@ -69,7 +83,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     subs = {}
     for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help, formatter_class=HelpFormatter)
         if name not in NOT_CONFIGURABLE:
             p.add_argument("--config", metavar="FILE",
                            help="TOML file whose keys mirror these flags (flags on the command line win)")

@@ -9,10 +9,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from mpifc.cli.common import parse_kv
+from mpifc.federated.hyperparameters import check_hyperparameters
 
 
 
@@ -56,28 +56,31 @@ def add_splitnn_arguments(p: argparse.ArgumentParser) -> None:
 def add_central_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``mpifc baseline central``."""
     p.add_argument("dir", help="shard directory written by data_prep")
-    p.add_argument("--model", default="hgb", choices=("hgb", "mlp"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", default="64,32")
-    p.add_argument("--epochs", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--model", default="hgb", choices=("hgb", "mlp"),
+                   help="hgb: scikit-learn's HistGradientBoostingClassifier (the ceiling); mlp: an MLP by plain SGD")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--hidden", default="64,32", help="mlp: hidden layer widths")
+    p.add_argument("--epochs", type=int, default=50, help="mlp: passes over the joined rows")
+    p.add_argument("--batch-size", type=int, default=32, help="mlp: rows per SGD step")
+    p.add_argument("--lr", type=float, default=0.1, help="mlp: SGD step size")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
 
 def add_decentralized_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``mpifc baseline decentralized``."""
-    p.add_argument("mode", choices=("dl", "di"))
+    p.add_argument("mode", choices=("dl", "di"),
+                   help="dl: every agent learns its own PC (DL/CI, DL/DI); di: each agent answers alone from the CL FedPC (CL/DI)")
     p.add_argument("dir", help="shard directory (dl: --label-owner all; di: the CL model's shards)")
     p.add_argument("--out", required=True, help="directory for the per-setting .npz outputs")
     p.add_argument("--model", default=None, help="di: the CL FedPC model file (from mpifc train)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--threshold", type=float, default=None, help="LearnSPN RDC threshold (dl)")
     p.add_argument("--min-instances-slice", type=int, default=None, help="LearnSPN min rows per slice (dl)")
-    p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE",
+                   help="dl: extra LearnSPN hyperparameter (repeatable; checked like mpifc train's)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
-    p.add_argument("--deadline", type=float, default=600.0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--deadline", type=float, default=600.0, help="seconds any send or receive may wait")
+    p.add_argument("--json", action="store_true", help="print the bytes per phase as one JSON line")
 
 
 BASELINES = {
@@ -93,7 +96,7 @@ def add_baseline_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mpifc baseline``: one sub-command per baseline."""
     sub = p.add_subparsers(dest="baseline", metavar="BASELINE", required=True)
     for name, (help_text, add) in BASELINES.items():
-        add(sub.add_parser(name, help=help_text, description=help_text))
+        add(sub.add_parser(name, help=help_text, description=help_text, formatter_class=p.formatter_class))
 
 
 def fedavg_config(args: argparse.Namespace) -> Any:
@@ -133,7 +136,9 @@ def baseline_main(args: argparse.Namespace) -> int:
         res = run_central(args.dir, args.model, args.seed, parse_hidden(args.hidden), args.epochs,
                           args.batch_size, args.lr)
         if args.json:
-            print(json.dumps(res))
+            from mpifc.runtime.jsonout import finite_json
+
+            print(finite_json(res))
         else:
             for k, v in res.items():
                 print(f"{k:>14}: {v}")
@@ -145,5 +150,6 @@ def baseline_main(args: argparse.Namespace) -> int:
         hp["threshold"] = args.threshold
     if args.min_instances_slice is not None:
         hp["min_instances_slice"] = args.min_instances_slice
+    hp = check_hyperparameters(hp, ["learnspn"])
     return run_agents(args.mode, args.dir, args.out, model=args.model, seed=args.seed, hyperparameters=hp,
                       deadline=args.deadline, ledger=args.ledger, as_json=args.json)

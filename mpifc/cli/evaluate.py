@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mpifc.cli.common import add_liveness_argument
 from mpifc.cli.train import FAMILIES
 
 
@@ -24,9 +25,12 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                         "average over the repeated rows)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")
-    p.add_argument("--deadline", type=float, default=300.0)
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
-    p.add_argument("--json", action="store_true", help="print metrics as JSON on rank 0")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the metrics as one JSON line (rank 0) instead of text")
+    out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
     p.add_argument("--query", default="ll", choices=("ll", "mpe", "sample"),
                    help="ll: log-likelihood/conditionals (default); mpe: most probable completion of the "
                         "test rows with the target blanked; sample: --n-samples unconditional samples")
@@ -66,7 +70,10 @@ def evaluate_main(args: argparse.Namespace) -> int:
         from mpifc.ngm.shard_jobs import evaluate
 
         return evaluate(str(args.dir), str(args.model), list(args.target), args.client, args.infer_steps,
-                        as_json=args.json)
+                        as_json=args.json, quiet=args.quiet)
+    from mpifc.cli.summary import emit, evaluate_text
+    from mpifc.cli.train import output_mode
     from mpifc.fedpc.job import evaluate
 
-    return evaluate(evaluate_config(args), deadline=args.deadline, ledger=args.ledger, as_json=args.json)
+    return evaluate(evaluate_config(args), deadline=args.deadline, ledger=args.ledger,
+                    liveness=args.liveness, on_result=lambda s: emit(s, output_mode(args), evaluate_text))

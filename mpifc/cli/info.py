@@ -15,4 +15,4 @@ def info_main(args: argparse.Namespace) -> int:
     """Handler of ``mpifc info``."""
     from mpifc.runtime.info import run_info
 
-    return run_info(deadline=args.deadline, device=args.device)
+    return run_info(deadline=args.deadline, device=args.device, liveness=args.liveness)

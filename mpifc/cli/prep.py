@@ -33,8 +33,10 @@ def _patches(text: str) -> tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mpifc.cli import HelpFormatter
+
     p = argparse.ArgumentParser(
-        prog="python -m data_prep",
+        prog="python -m data_prep", formatter_class=HelpFormatter,
         description="Turn a dataset into one HDF5 shard per client, a held-out test set and "
                     "a manifest (format mpifc-shards/1).")
     p.add_argument("--list", action="store_true", help="list the datasets and exit")

@@ -9,10 +9,11 @@ import argparse
 import functools
 from typing import Any
 
-from mpifc.cli.common import comma_ints, parse_kv
+from mpifc.cli.common import add_liveness_argument, comma_ints, parse_kv
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.defaults import PRESETS, RULE_HELP
+from mpifc.federated.hyperparameters import LEARNER_PARAMS, check_hyperparameters
 from mpifc.federated.learners import learner_names
 from mpifc.federated.one_pass import CLUSTER_WITHOUT_TARGET, GLUE_MODES
 
@@ -34,7 +35,11 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="what fills the settings not given (see below): adaptive (default), learner "
                         "(the learners' own defaults, K = 2), paper (Table 4 for the shards' dataset)")
     p.add_argument("--glue", default=None, choices=GLUE_MODES,
-                   help="glue of the single-owner subspaces (default random; --preset paper: Table 4's)")
+                   help="how the clients' single-owner parts are joined (vertical and hybrid data): random = the "
+                        "paper's P products of randomly chosen clusters; combinatorial = every combination of "
+                        "clusters, weighted by the product of cluster fractions; cooccurrence = every observed "
+                        "combination, weighted by its frequency (clients send one cluster id per aligned row); "
+                        "default random (--preset paper: Table 4's)")
     p.add_argument("--clusters", type=int, default=None,
                    help="K, clusters per single-owner subspace (default: the preset's rule, see below)")
     p.add_argument("--products", type=int, default=4, help="P, products of the random glue")
@@ -42,12 +47,13 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="the label owner's k-means leaves the target column out (its cluster PCs still model "
                         "it), so no cluster is a 'label cluster'; default off (Algorithm 1 as written). "
                         "Same as --hp cluster_without_target=1; see mpifc.federated.one_pass.CLUSTER_WITHOUT_TARGET")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threshold", type=float, default=None,
-                   help="LearnSPN RDC threshold (default: the preset's rule)")
-    p.add_argument("--min-instances-slice", type=int, default=None,
-                   help="LearnSPN min rows per slice (default: the preset's rule)")
-    p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="extra learner hyperparameter")
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same model")
+    p.add_argument("--threshold", type=float, default=None, help="LearnSPN RDC threshold (default: the preset's rule)")
+    p.add_argument("--min-instances-slice", type=int, default=None, help="LearnSPN min rows per slice (default: the preset's rule)")
+    p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hyperparameter of the learner (repeatable), checked before any rank starts: "
+                        + "; ".join(f"{name}: {', '.join(keys)}" for name, keys in
+                                    sorted((n, sorted(ps)) for n, ps in LEARNER_PARAMS.items())))
     p.add_argument("--model", required=True, help="output model file (HDF5, written atomically)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--assign", default="flat", choices=ASSIGN_STRATEGIES, help="ψ strategy")
@@ -55,11 +61,14 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refine", default="none", choices=("none", "em"),
                    help="em: exact distributed EM after one-pass training (vertical: per-sample flows, "
                         "--assign flat; horizontal/hybrid: pooled E-step statistics)")
-    p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em")
+    p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em (>= 1)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
-    p.add_argument("--json", action="store_true", help="print a JSON summary on rank 0")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the summary as one JSON line (rank 0) instead of text")
+    out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
     p.add_argument("--exclusive-timing", action="store_true",
                    help="clients learn one after another, so each client's CPU seconds are measured without "
                         "its own job's other ranks competing for the cores (same model and messages)")
@@ -74,8 +83,8 @@ def add_ngm_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs", type=int, default=50, help="epochs of every NGM (clients and global)")
     g.add_argument("--hidden", type=functools.partial(comma_ints, flag="--hidden"), default=(32, 32),
                    metavar="H1,H2", help="hidden layer widths")
-    g.add_argument("--batch-size", type=int, default=256)
-    g.add_argument("--lr", type=float, default=2e-2)
+    g.add_argument("--batch-size", type=int, default=256, help="rows per optimisation step of every NGM")
+    g.add_argument("--lr", type=float, default=2e-2, help="learning rate of every NGM")
     g.add_argument("--calib-rows", type=int, default=1000, help="rows each NGM calibrates its sampler on")
     g.add_argument("--samples", type=int, default=10_000, help="samples the master draws from client NGMs in all")
     g.add_argument("--proportional", action="store_true",
@@ -101,22 +110,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     add_ngm_train_arguments(p)
 
 
-def paper_preset(directory: str) -> tuple[dict[str, Any], str]:
-    """(LearnSPN hyperparameters, glue) of ``--preset paper``: Table 4 of the paper for the
-    shards' dataset and setting (:func:`mpifc.experiments.paper.learnspn_hp`, SPFlow's RDC
-    convention included, as the experiments use them)."""
-    from data_prep.shards import load_manifest
-    from mpifc.experiments.paper import TABLE4, learnspn_hp
-
-    m = load_manifest(directory)
-    known = sorted({ds for cells in TABLE4.values() for ds in cells})
-    if m.setting not in TABLE4 or m.dataset not in TABLE4[m.setting]:
-        raise UserError(f"--preset paper: Table 4 has no settings for dataset {m.dataset!r} in the "
-                        f"{m.setting} setting ({directory}); it covers {', '.join(known)} in "
-                        f"{', '.join(TABLE4)} settings")
-    return learnspn_hp(m.setting, m.dataset)
-
-
 def train_config(args: argparse.Namespace) -> dict[str, Any]:
     """The FedPC training settings of parsed flags (checked; UserError names the flag).
 
@@ -130,6 +123,8 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
     preset = getattr(args, "preset", None) or "adaptive"
     glue = args.glue
     if preset == "paper":
+        from mpifc.experiments.paper import paper_preset
+
         table, table_glue = paper_preset(str(args.dir))
         hp = {**table, **hp}  # explicit flags win
         glue = glue or table_glue
@@ -141,8 +136,11 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
         if v not in learner_names():
             raise UserError(f"--client-learner {k}={v}: unknown learner; known: {', '.join(learner_names())}")
         learners[int(k)] = v
+    hp = check_hyperparameters(hp, [args.learner, *learners.values()])
     if args.assign == "tree" and args.servers < 1:
         raise UserError("--assign tree needs --servers S with S >= 1")
+    if args.em_iters < 1:
+        raise UserError(f"--em-iters must be >= 1, got {args.em_iters}")
     return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": glue or "random",
             "clusters": clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
             "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
@@ -168,8 +166,15 @@ def train_main(args: argparse.Namespace) -> int:
         from mpifc.ngm.shard_jobs import train
 
         return train(ngm_train_config(args), deadline=args.deadline, ledger=args.ledger, as_json=args.json)
+    from mpifc.cli.summary import emit, train_text
     from mpifc.fedpc.job import train
 
     cfg = train_config(args)
-    cfg["json"] = bool(args.json)
-    return train(cfg, deadline=args.deadline, ledger=args.ledger)
+    cfg["progress"] = output_mode(args) == "human"
+    return train(cfg, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness,
+                 on_summary=lambda s: emit(s, output_mode(args), train_text))
+
+
+def output_mode(args: argparse.Namespace) -> str:
+    """``"json"``, ``"quiet"`` or ``"human"`` (the default) from ``--json`` / ``--quiet``."""
+    return "json" if getattr(args, "json", False) else "quiet" if getattr(args, "quiet", False) else "human"

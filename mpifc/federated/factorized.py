@@ -140,10 +140,9 @@ class FactorizedModel:
             ll[:, j] = np.where(bad, -np.inf, self.log_probs[j, np.clip(v, 0, k - 1)])
         return np.where(obs, ll, 0.0)
 
-    def log_likelihood(self, x: Any) -> torch.Tensor:
-        import torch
-
-        return torch.from_numpy(self.log_likelihood_numpy(x))
+    def log_likelihood(self, x: Any) -> np.ndarray:
+        """``log p(x)`` float64 ``(n,)`` nats; NaN entries marginalised."""
+        return self.log_likelihood_numpy(x)
 
     def log_likelihood_numpy(self, x: Any) -> np.ndarray:
         """:meth:`log_likelihood` as a float64 ``(n,)`` numpy array, without importing torch."""

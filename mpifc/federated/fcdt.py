@@ -74,10 +74,9 @@ class TreeClassifier:
             node[idx] = np.where(go_left, self.left[node[idx]], self.right[node[idx]])
         return self.probs[node]
 
-    def log_likelihood(self, x: Any) -> torch.Tensor:
-        import torch
-
-        return torch.from_numpy(self.log_likelihood_numpy(x))
+    def log_likelihood(self, x: Any) -> np.ndarray:
+        """``log p(x)`` float64 ``(n,)`` nats; NaN entries marginalised."""
+        return self.log_likelihood_numpy(x)
 
     def log_likelihood_numpy(self, x: Any) -> np.ndarray:
         """:meth:`log_likelihood` as a float64 ``(n,)`` numpy array, without importing torch."""

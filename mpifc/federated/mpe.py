@@ -79,6 +79,40 @@ def sample_route(node: Node, active: np.ndarray, rng: np.random.Generator) -> li
     return [active & (choice == i) for i in range(k)]
 
 
+def conditional_route(node: Node, child_values: list[np.ndarray], active: np.ndarray,
+                      rng: np.random.Generator) -> list[np.ndarray]:
+    """Per child, the mask of ``node``'s active samples that choose it given the evidence: a sum
+    picks child ``i`` with probability ``∝ w_i · p_i(evidence)`` (the exact posterior of its
+    latent choice), from one uniform per sample of the batch. ``child_values`` are the children's
+    ``(batch,)`` or ``(batch, 1)`` log-values of the upward pass."""
+    if node.op == PRODUCT:
+        return [active for _ in node.children]
+    if node.op != SUM:
+        raise UserError(f"sampling is not defined for {node.op} node {node.id}")
+    u = rng.random(len(active))
+    with np.errstate(divide="ignore"):
+        logits = np.stack([np.asarray(v).reshape(-1) for v in child_values], axis=1) + np.log(node.weights)
+    logits -= logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=1, keepdims=True)
+    k = len(node.children)
+    choice = np.minimum((np.cumsum(p, axis=1) < u[:, None]).sum(axis=1), k - 1)
+    return [active & (choice == i) for i in range(k)]
+
+
+def leaf_sample_given(node: Node, active: np.ndarray, rng: np.random.Generator, cols: Columns) -> np.ndarray:
+    """Samples ``(n_active, d_leaf)`` of a leaf for its active samples (ascending order) from its
+    conditional given their evidence in ``cols`` (observed entries are kept)."""
+    k = int(active.sum())
+    if k == 0:
+        return np.zeros((0, len(node.leaf.features)))
+    model = node.leaf.model
+    if model is None:
+        raise UserError(f"leaf node {node.id} (client {node.leaf.client}) has no model on this rank")
+    ev = leaf_input(node, cols)[active]
+    return np.asarray(model.sample(k, rng, evidence=ev), dtype=np.float64).reshape(k, len(node.leaf.features))
+
+
 def leaf_sample(node: Node, active: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Samples ``(n_active, d_leaf)`` of a leaf for its active samples (ascending order)."""
     k = int(active.sum())
@@ -154,3 +188,33 @@ def sample_seeded(fc: FederatedCircuit, n: int, seed: int, batch: int = 10_000) 
                 s = leaf_sample(node, active[nid], node_rng(seed, b, nid))
                 write_leaf(part, node, col, active[nid], s, rows_are_active=True)
     return out
+
+
+def sample_conditional_seeded(fc: FederatedCircuit, cols: Columns, seed: int, batch: int = 10_000) -> np.ndarray:
+    """Single-process samples ``(n, n_features)`` from the conditional given each row's evidence
+    (NaN = free; observed entries are kept), with per-node streams: an upward pass, then the
+    choices of :func:`conditional_route` and each leaf's :func:`leaf_sample_given`. Equals the
+    distributed conditional sampler (:mod:`mpifc.fedpc.user_query`) for the same ``seed`` and
+    ``batch``, whatever ψ."""
+    from mpifc.federated.evaluate import upward
+
+    n = batch_size(cols)
+    col = {f: j for j, f in enumerate(fc.features)}
+    out = np.full((n, len(fc.features)), np.nan)
+    nodes = fc.reachable()
+    for b, lo in enumerate(range(0, n, max(batch, 1))):
+        hi = min(lo + batch, n)
+        part_cols = {f: np.asarray(v)[lo:hi] for f, v in cols.items()}
+        values = upward(fc, part_cols)
+        active = {fc.root: np.ones(hi - lo, dtype=bool)}
+        route_down(fc, nodes, active, lambda node, a: conditional_route(
+            node, [values[c] for c in node.children], a, node_rng(seed, b, node.id)))
+        part = out[lo:hi]
+        for nid in nodes:
+            node = fc.nodes[nid]
+            if node.op == LEAF and nid in active:
+                s = leaf_sample_given(node, active[nid], node_rng(seed, b, nid), part_cols)
+                write_leaf(part, node, col, active[nid], s, rows_are_active=True)
+    observed = np.stack([np.asarray(cols[f], dtype=np.float64) if f in cols else np.full(n, np.nan)
+                         for f in fc.features], axis=1) if n else out
+    return np.where(np.isnan(observed), out, observed)

@@ -13,7 +13,10 @@ Layout (no pickle)::
                      model written by its own ``save`` under ``model`` (absent if not known here)
 
 Files are written atomically (temp file in the target folder, then rename), so a failed job never
-leaves a half-written model behind.
+leaves a half-written model behind. They carry a checksum: the first 512 bytes are an HDF5 user
+block (which HDF5 itself skips) holding ``MPIFC-FC-SHA256`` and the SHA-256 of every byte after
+it, so a truncated or altered file is refused when read, naming the file. Files without that
+block (written before it existed) are read unchecked.
 
 Leaf models travel between ranks in a compact wire format instead
 (:mod:`mpifc.federated.wire_format`); the server writes the received models into the file
@@ -21,6 +24,7 @@ verbatim, so the file holds what each client's ``save`` wrote.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -37,6 +41,53 @@ from mpifc.federated.wire_format import register_federated_models
 
 FORMAT = "mpifc.federated_circuit"
 VERSION = 1
+USERBLOCK = 512
+SEAL = b"MPIFC-FC-SHA256\n"
+
+
+def _digest(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of the file's bytes after the user block."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(USERBLOCK)
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def seal(path: str | os.PathLike) -> None:
+    """Write the checksum into the user block of a file created with ``userblock_size=USERBLOCK``
+    (also after editing a model file on purpose, e.g. in a test of what a reader does with it)."""
+    mark = SEAL + _digest(path).encode() + b"\n"
+    with open(path, "r+b") as f:
+        f.write(mark + b"\0" * (USERBLOCK - len(mark)))
+
+
+def check_seal(path: str | os.PathLike) -> None:
+    """Refuse a model file whose bytes are not those it was written with (see the module doc).
+
+    Raises:
+        UserError: naming the file, if it is shorter than a user block, or its checksum block is
+            damaged, or the checksum does not match.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(USERBLOCK)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise UserError(f"cannot read model file {path}: {e.strerror or e}") from None
+    hdf5_at_0 = head[:8] == b"\x89HDF\r\n\x1a\n"
+    if hdf5_at_0:
+        return  # a file from before the checksum (no user block): read unchecked
+    if len(head) < USERBLOCK or size <= USERBLOCK:
+        raise UserError(f"model file {path}: truncated ({size} bytes)")
+    want = head[len(SEAL): len(SEAL) + 64].decode("ascii", "replace")
+    if not head.startswith(SEAL) or head[len(SEAL) + 64:] != b"\n" + b"\0" * (USERBLOCK - len(SEAL) - 65):
+        raise UserError(f"model file {path}: not an mpifc model file, or its checksum block is damaged")
+    got = _digest(path)
+    if want != got:
+        raise UserError(f"model file {path}: checksum mismatch (file says {want[:12]}..., content is "
+                        f"{got[:12]}...): the file is damaged or was altered")
 
 
 def write_fc(fc: FederatedCircuit, group: h5py.Group, with_models: bool = True) -> None:
@@ -116,23 +167,31 @@ def read_fc(group: h5py.Group, load_models: bool | set[int] = True) -> Federated
 
 
 def save_fc(fc: FederatedCircuit, path: str | os.PathLike, extra_attrs: dict[str, Any] | None = None) -> Path:
-    """Write ``fc`` to ``path`` atomically (temp file + rename); returns the path."""
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        write_fc(fc, f.create_group("fc"))
-        for k, v in (extra_attrs or {}).items():
-            f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v, default=_jsonable)
+    """Write ``fc`` to ``path`` atomically (temp file + rename), with its checksum; returns the path."""
+    with atomic_path(path) as tmp:
+        with h5py.File(tmp, "w", userblock_size=USERBLOCK) as f:
+            write_fc(fc, f.create_group("fc"))
+            for k, v in (extra_attrs or {}).items():
+                f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v, default=_jsonable)
+        seal(tmp)
     return Path(path)
 
 
 def load_fc(path: str | os.PathLike, load_models: bool | set[int] = True) -> FederatedCircuit:
-    """Read a file written by :func:`save_fc`; :class:`UserError` naming the file if unreadable."""
+    """Read a file written by :func:`save_fc`; :class:`UserError` naming the file if it is
+    unreadable, damaged (checksum) or malformed."""
+    check_seal(path)
     try:
         with h5py.File(path, "r") as f:
             if "fc" not in f:
                 raise UserError(f"{path}: no federated circuit in this file (missing group 'fc')")
             return read_fc(f["fc"], load_models)
+    except UserError:
+        raise
     except OSError as e:
         raise UserError(f"cannot read model file {path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a malformed file must not end in a traceback
+        raise UserError(f"model file {path}: malformed ({type(e).__name__}: {e})") from None
 
 
 def fc_to_bytes(fc: FederatedCircuit, with_models: bool = False) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ def make_query(fc: FederatedCircuit) -> Query:
 
 def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """This rank's part of ``evaluate``; returns the metrics on rank 0."""
+    ctx.enter("read")
     manifest = load_manifest(cfg["dir"])
     distributed = bool(cfg["distributed"])
     if not distributed:
@@ -80,6 +82,7 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     if own is not None:
         t.send_obj({"n_test": int(own.x_test.shape[0]), "ids_digest": ids_digest(own.ids_test)}, 0, P.QUERY_DECLARE)
     ctx.ledger.set_phase("query")
+    ctx.enter("query")
     clients = sorted(fc.clients.values(), key=lambda c: c.index)
     mine = client_at.get(ctx.rank)
     todo = batches(n, int(cfg["batch"]))
@@ -196,7 +199,7 @@ def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, c
     if cfg.get("output_npz"):
         buf = io.BytesIO()
         np.savez(buf, joint=joint, ll=ll)
-        atomic_write_bytes(cfg["output_npz"], buf.getvalue())
+        atomic_write_bytes(cfg.get("_stage", Path)(cfg["output_npz"]), buf.getvalue())
     return out
 
 

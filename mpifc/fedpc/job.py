@@ -3,16 +3,19 @@
 :func:`train` and :func:`evaluate` take a plain settings dict (built by :mod:`mpifc.cli.train`
 and :mod:`mpifc.cli.evaluate` from the flags, or by a script) and run the job on every rank of
 ``COMM_WORLD``. Bad input exits with code 2 and a one-line message naming the client, rank,
-feature or file; no model file is left half-written.
+feature or file, before any rank starts work: that includes every output path (writable, not an
+input, not shared with another output). Outputs appear at their final paths only when the whole
+job succeeded (:mod:`mpifc.runtime.outputs`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from mpifc.atomic import check_outputs
 from mpifc.errors import UserError
 from mpifc.federated.one_pass import clusters_without_target
+from mpifc.runtime.liveness import DEFAULT_LIMIT_S
 
 
 # -- train ---------------------------------------------------------------------------------------
@@ -23,14 +26,26 @@ def _train_job(ctx: Any) -> int:
     cfg = ctx.config
     audit = _install_audit(ctx, cfg, load_manifest(cfg["dir"]), train=True)
     summary = train_rank(ctx, cfg, load_manifest(cfg["dir"]))
-    if audit is not None:
-        audit.write(cfg["audit"])
-    if summary is not None and cfg.get("json"):
-        print(json.dumps(summary), flush=True)
+    _finish_audit(ctx, cfg, audit)
+    if summary is not None:
+        cfg["_summary"] = summary
     return 0
 
 
-def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None) -> int:
+def bytes_by_phase(table: Any, phases: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Payload and header bytes per ledger phase (all phases, or those in ``phases``), in the
+    order they first occur."""
+    rows = table.rows
+    out: dict[str, int] = {}
+    for ph, pb, hb in zip(rows["phase"].tolist(), rows["payload_bytes"].tolist(), rows["header_bytes"].tolist()):
+        name = table.phases[ph]
+        if phases is None or name in phases:
+            out[name] = out.get(name, 0) + int(pb + hb)
+    return out
+
+
+def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+          liveness: float = DEFAULT_LIMIT_S, on_summary: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
 
     Args:
@@ -40,16 +55,40 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
             ``json``), as :func:`mpifc.cli.train.train_config` builds them.
         deadline: seconds any single send or receive may wait.
         ledger: where rank 0 writes the per-message ledger CSV.
+        liveness: seconds a rank may show no sign of life before the job ends naming it.
+        on_summary: called on rank 0 with the training summary once every rank is done (it adds
+            ``bytes_by_phase`` and ``clients`` from the gathered ledger).
     """
-    from data_prep.shards import load_manifest
+    from data_prep.shards import input_files, load_manifest
     from mpifc.runtime.job import run_job
 
     m = load_manifest(cfg["dir"])
     if clusters_without_target(cfg["hyperparameters"]) and m.target is None:
         raise UserError(f"--cluster-without-target: the manifest of {cfg['dir']} names no target column")
+    for index, name in sorted((cfg.get("client_learners") or {}).items()):
+        if not 0 <= int(index) < m.n_clients:
+            raise UserError(f"--client-learner {index}={name}: there is no client {index} "
+                            f"(the shards in {cfg['dir']} hold clients 0..{m.n_clients - 1})")
+    if int(cfg.get("em_iters") or 1) < 1:
+        raise UserError(f"--em-iters must be >= 1, got {cfg['em_iters']}")
+    check_outputs([("--model", cfg["model"], False), ("--ledger", ledger, False),
+                   ("--em-initial-model", cfg.get("em_initial_model"), False), ("--audit", cfg.get("audit"), True)],
+                  input_files(m))
     n_servers = 1 + (int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0)
-    return run_job(_train_job, config=cfg, servers=n_servers, min_clients=m.n_clients,
-                   deadline=deadline, ledger_csv=ledger)
+
+    def on_ledger(table: Any) -> None:
+        summary = cfg.get("_summary")
+        if summary is not None and on_summary is not None:
+            summary["bytes_by_phase"] = bytes_by_phase(table)
+            summary["clients"] = m.n_clients
+            on_summary(summary)
+
+    def job(ctx: Any) -> int:
+        ctx.config = cfg  # one dict, so on_ledger sees rank 0's summary
+        return _train_job(ctx)
+
+    return run_job(job, config=cfg, servers=n_servers, min_clients=m.n_clients,
+                   deadline=deadline, liveness=liveness, ledger_csv=ledger, on_ledger=on_ledger)
 
 
 # -- evaluate ------------------------------------------------------------------------------------
@@ -62,15 +101,14 @@ def _evaluate_job(ctx: Any) -> int:
     audit = _install_audit(ctx, cfg, load_manifest(cfg["dir"]), train=False)
     # ll: likelihoods and conditionals; mpe / sample: the max-product and sampling passes
     result = evaluate_rank(ctx, cfg) if cfg.get("query", "ll") == "ll" else query_rank(ctx, cfg)
-    if audit is not None:
-        audit.write(cfg["audit"])
+    _finish_audit(ctx, cfg, audit)
     if ctx.rank == 0:
         ctx.config["_result"] = result
     return 0
 
 
 def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
-             as_json: bool = False) -> int:
+             liveness: float = DEFAULT_LIMIT_S, on_result: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Evaluate a trained FC (distributed or gathered) as an MPI job; returns the exit code.
 
     Args:
@@ -79,8 +117,11 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
             ``out``), as :func:`mpifc.cli.evaluate.evaluate_config` builds them.
         deadline: seconds any single send or receive may wait.
         ledger: where rank 0 writes the per-message ledger CSV.
-        as_json: rank 0 prints the metrics as one JSON line.
+        liveness: seconds a rank may show no sign of life before the job ends naming it.
+        on_result: called on rank 0 with the metrics (with the query's bytes and messages from the
+            gathered ledger) once every rank is done.
     """
+    from data_prep.shards import input_files, load_manifest
     from mpifc.federated.serialize import load_fc
     from mpifc.runtime.job import run_job
 
@@ -92,6 +133,9 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
     need = max(fc.ranks()) + 1 if cfg["distributed"] else 1
     if cfg.get("query") == "sample" and cfg["n_samples"] < 1:
         raise UserError(f"--n-samples must be >= 1, got {cfg['n_samples']}")
+    check_outputs([("--ledger", ledger, False), ("--output-npz", cfg.get("output_npz"), False),
+                   ("--out", cfg.get("out"), False), ("--audit", cfg.get("audit"), True)],
+                  [("the model", Path(cfg["model"]))] + input_files(load_manifest(cfg["dir"])))
 
     def on_ledger(table: Any) -> None:
         result = cfg.get("_result") or {}
@@ -101,14 +145,15 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
         result["bytes_query"] = int(rows["payload_bytes"][q].sum() + rows["header_bytes"][q].sum())
         result["messages"] = len(q)
         result["ranks"] = int(table.sent.shape[0])
-        if as_json:
-            print(json.dumps(result), flush=True)
+        if on_result is not None:
+            on_result(result)
 
     def job(ctx: Any) -> int:
         ctx.config = cfg  # share one dict so on_ledger sees rank 0's result
+        cfg["_stage"] = ctx.stage  # output files (--out, --output-npz) appear only if the job succeeds
         return _evaluate_job(ctx)
 
-    return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline,
+    return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline, liveness=liveness,
                    ledger_csv=ledger, on_ledger=on_ledger)
 
 
@@ -118,9 +163,21 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
         return None
     from data_prep.shards import read_client
     from mpifc.federated.assign import client_rank_map
+    from mpifc.fedpc import protocol as P
     from mpifc.fedpc.audit import SendAudit
 
-    audit = SendAudit(ctx.rank)
+    # The per-sample data each job sends by design, and why (anything else is reported as not allowed).
+    if train:
+        allowed = {}
+        if cfg.get("glue") == "cooccurrence":
+            allowed[P.CLUSTER_IDS.name] = "--glue cooccurrence sends one k-means cluster id per aligned training row"
+        if cfg.get("refine") == "em" and manifest.setting == "vertical":
+            why = "--refine em on vertical data: exact EM passes per-sample values and flows over the aligned rows"
+            allowed[P.VALUES.name] = allowed[P.FLOWS.name] = why
+    else:
+        why = "a query pass carries one value per query row"
+        allowed = {k.name: why for k in (P.VALUES, P.MAX_VALUES, P.DECISIONS, P.ANSWER, P.EVIDENCE)}
+    audit = SendAudit(ctx.rank, allowed)
     n_servers = int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0
     if not train:
         from mpifc.federated.serialize import load_fc
@@ -131,8 +188,52 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
     client_of = {r: c for c, r in ranks.items()}
     if ctx.rank in client_of:
         shard = read_client(cfg["dir"], client_of[ctx.rank])
-        audit.protect(shard.x_train)
-        audit.protect(shard.x_test)
+        audit.protect(shard.x_train, "train")
+        audit.protect(shard.x_test, "test")
     audit.install(ctx.transport)
     Path(cfg["audit"]).mkdir(parents=True, exist_ok=True)
     return audit
+
+
+# -- query ---------------------------------------------------------------------------------------
+def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledger: str | None = None,
+          liveness: float = DEFAULT_LIMIT_S) -> int:
+    """Answer a user's rows with the distributed passes (``mpifc query --distributed``); returns
+    the exit code. The answer lands in ``cfg["_answer"]`` on rank 0.
+
+    Args:
+        cfg: ``model``, ``what``, ``target``, ``batch``, ``seed`` (see
+            :func:`mpifc.fedpc.user_query.query_rank`).
+        load_rows: called on rank 0 only, inside the job: returns the ``(n, D)`` model rows (it
+            reads and encodes the user's file, so only the querier ever sees it).
+        deadline: seconds any single send or receive may wait.
+        ledger: where rank 0 writes the per-message ledger CSV.
+    """
+    from mpifc.federated.serialize import load_fc
+    from mpifc.fedpc.user_query import query_rank
+    from mpifc.runtime.job import run_job
+
+    fc = load_fc(cfg["model"], load_models=False)
+    need = max(fc.ranks()) + 1
+
+    def job(ctx: Any) -> int:
+        rows = load_rows() if ctx.rank == 0 else None
+        answer = query_rank(ctx, cfg, rows)
+        if ctx.rank == 0:
+            cfg["_answer"] = answer
+        return 0
+
+    return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline, liveness=liveness,
+                   ledger_csv=ledger)
+
+
+def _finish_audit(ctx: Any, cfg: dict[str, Any], audit: Any) -> None:
+    """Every rank writes its audit file; then rank 0 merges them into ``audit-summary.json``."""
+    if audit is None:
+        return
+    from mpifc.fedpc.audit import merge
+
+    audit.write(cfg["audit"])
+    ctx.transport.barrier()
+    if ctx.rank == 0:
+        merge(cfg["audit"])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -128,6 +129,7 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     if not cfg["distributed"]:
         return _gathered(cfg) if ctx.rank == 0 else None
 
+    ctx.enter("read")
     manifest = load_manifest(cfg["dir"])
     fc = load_fc(cfg["model"], load_models={ctx.rank})
     check_model_matches(fc, manifest, cfg["model"])
@@ -162,6 +164,7 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
             t.send_obj({"n_test": int(own.x_test.shape[0]), "ids_digest": ids_digest(own.ids_test)}, 0,
                        P.QUERY_DECLARE)
     ctx.ledger.set_phase("query")
+    ctx.enter("query")
     t0 = time.perf_counter()
     col = {f: j for j, f in enumerate(fc.features)}
     out = np.full((n, len(fc.features)), np.nan) if ctx.rank == 0 else None
@@ -252,5 +255,5 @@ def _finish(fc: FederatedCircuit, out: np.ndarray, cfg: dict[str, Any], mode: st
             f.attrs["query"] = cfg["query"]
             f.attrs["mode"] = mode
             f.attrs["features"] = json.dumps(list(fc.features))
-        atomic_write_bytes(cfg["out"], buf.getvalue())
+        atomic_write_bytes(cfg.get("_stage", Path)(cfg["out"]), buf.getvalue())
     return res

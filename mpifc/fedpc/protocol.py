@@ -53,6 +53,9 @@ MAX_VALUES = register_kind("fc.query.max_values", "likelihood_vector",
 DECISIONS = register_kind("fc.query.decisions", "flow",
                           "parent rank -> child rank (MPE, sampling): per sample, whether each crossing node is "
                           "in the sample's induced tree (arg-max / sampled sum choices), uint8 (nodes * batch,)")
+QUERY_ROWS = register_kind("fc.query.rows", "control",
+                            "querier -> every rank of the circuit (mpifc query): how many rows, in batches of "
+                            "how many, and what is asked (no row values)")
 ANSWER = register_kind("fc.query.answer", "query_answer",
                        "client -> querier (MPE, sampling): the client's features of the answer, float64 "
                        "(batch, d_i); for MPE only entries missing from its evidence (observed ones NaN)")
@@ -61,3 +64,71 @@ CLIENT_ALLOWED = frozenset({"feature_declaration", "count", "model_parameters", 
                             "flow", "cluster_ids", "timing", "query_answer"})
 """Payload classes a client rank may send in an FC job (cluster_ids only with cooccurrence;
 query_answer only to the querier, answering its own MPE or sampling query)."""
+
+
+class Shape:
+    """The declared payload of one message kind, as the privacy audit checks it.
+
+    Args:
+        form: ``"pickle"`` (a small control object) or ``"array"``.
+        dtypes: allowed NumPy dtype kinds for arrays (``"f"`` float, ``"i"`` signed,
+            ``"u"`` unsigned int, ``"b"`` bool), e.g. ``"f"``.
+        axes: one entry per axis: an int (exactly that length), ``"n"`` (any length: leaves, bytes,
+            features), or ``"rows"`` (one entry per row the sender holds: per-sample data by
+            design, e.g. a cluster id or a likelihood per sample; a flattened per-sample bundle of
+            several values per row counts too).
+    """
+
+    def __init__(self, form: str, dtypes: str = "", axes: tuple = ()) -> None:
+        self.form, self.dtypes, self.axes = form, dtypes, tuple(axes)
+
+    @property
+    def per_sample(self) -> bool:
+        return "rows" in self.axes
+
+    def problem(self, arr_shape: tuple[int, ...] | None, dtype_kind: str | None) -> str | None:
+        """Why a payload does not fit this declaration, or None."""
+        if self.form == "pickle":
+            return None if arr_shape is None else "an array where a pickled object is declared"
+        if arr_shape is None:
+            return "a pickled object where an array is declared"
+        if dtype_kind not in self.dtypes:
+            return f"dtype kind {dtype_kind!r}, declared {self.dtypes!r}"
+        if len(arr_shape) != len(self.axes):
+            return f"{len(arr_shape)} axes, declared {len(self.axes)} ({self.axes})"
+        for got, want in zip(arr_shape, self.axes):
+            if isinstance(want, int) and got != want:
+                return f"shape {list(arr_shape)}, declared {list(self.axes)}"
+        return None
+
+    def describe(self) -> str:
+        return "pickle" if self.form == "pickle" else f"{self.dtypes}{list(self.axes)}"
+
+
+TIMING_VALUES = 8
+"""Length of ``fc.train.timing``: CPU and wall seconds of the client phases (read, learn, serialize, em)."""
+
+PAYLOAD_SHAPES: dict[str, Shape] = {
+    DECLARE.name: Shape("pickle"), PLAN.name: Shape("pickle"),
+    COUNTS.name: Shape("array", "i", ("n", 3)),
+    CLUSTER_IDS.name: Shape("array", "u", ("rows",)),
+    MODEL.name: Shape("array", "u", ("n",)),
+    TIMING.name: Shape("array", "f", (TIMING_VALUES,)),
+    DONE.name: Shape("pickle"), QUERY_DECLARE.name: Shape("pickle"),
+    EVIDENCE.name: Shape("array", "f", ("rows", "n")),
+    VALUES.name: Shape("array", "f", ("rows",)),
+    EM_STRUCTURE.name: Shape("array", "u", ("n",)),
+    FLOWS.name: Shape("array", "f", ("rows",)),
+    EM_STATS.name: Shape("array", "f", ("n",)),
+    EM_PARAMS.name: Shape("array", "u", ("n",)),
+    EM_SUM_STATS.name: Shape("array", "f", ("n",)),
+    EM_LEAF_STATS.name: Shape("array", "f", ("n",)),
+    EM_LEAF.name: Shape("array", "u", ("n",)),
+    MAX_VALUES.name: Shape("array", "f", ("rows",)),
+    DECISIONS.name: Shape("array", "u", ("rows",)),
+    ANSWER.name: Shape("array", "f", ("rows", "n")),
+}
+"""The declared payload of every kind above (what :mod:`mpifc.fedpc.audit` checks each message
+against). ``rows`` axes are per-sample by design: the query passes carry one value per query row,
+exact vertical EM one value per aligned training row, and cluster ids (``--glue cooccurrence``
+only) one id per training row."""

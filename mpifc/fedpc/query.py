@@ -118,24 +118,29 @@ def await_messages(transport: Any, sources: list[int], kind: Any) -> list[tuple[
     got: list[tuple[int, np.ndarray]] = []
     start = time.perf_counter()
     sleep = POLL_MIN_S
-    while left:
-        for src in list(left):
-            ok, value = transport.try_recv(src, kind)
-            if ok:
-                if not isinstance(value, np.ndarray):
-                    raise UserError(f"rank {transport.rank}: {kind.name!r} from rank {src} is not an array")
-                left.remove(src)
-                got.append((src, value))
-                sleep = POLL_MIN_S
-        if not left:
-            break
-        if time.perf_counter() - start > transport.deadline:
-            from mpifc.runtime.transport import DeadlineExceeded
+    try:
+        while left:
+            for src in list(left):
+                ok, value = transport.try_recv(src, kind)
+                if ok:
+                    if not isinstance(value, np.ndarray):
+                        raise UserError(f"rank {transport.rank}: {kind.name!r} from rank {src} is not an array")
+                    left.remove(src)
+                    got.append((src, value))
+                    sleep = POLL_MIN_S
+            if not left:
+                break
+            if time.perf_counter() - start > transport.deadline:
+                from mpifc.runtime.transport import DeadlineExceeded
 
-            raise DeadlineExceeded(f"deadline of {transport.deadline:g} s passed waiting for a {kind.name!r} "
-                                   f"message from rank(s) {left} (rank {transport.rank})")
-        time.sleep(sleep)
-        sleep = min(2 * sleep, POLL_MAX_S)
+                raise DeadlineExceeded(f"deadline of {transport.deadline:g} s passed waiting for a {kind.name!r} "
+                                       f"message from rank(s) {left} (rank {transport.rank})")
+            # what this rank waits for, carried by its heartbeats (mpifc.runtime.liveness)
+            transport.awaiting = (left[0] if len(left) == 1 else -1, kind.kind_id)
+            time.sleep(sleep)
+            sleep = min(2 * sleep, POLL_MAX_S)
+    finally:
+        transport.awaiting = None
     return got
 
 
@@ -160,11 +165,16 @@ def await_sends(transport: Any, pending: list[Any]) -> None:
     """
     start = time.perf_counter()
     sleep = POLL_MIN_S
-    for p in pending:
-        while not p.done() and time.perf_counter() - start <= transport.deadline:
-            time.sleep(sleep)
-            sleep = min(2 * sleep, POLL_MAX_S)
-        p.wait()  # at once when complete; past the deadline the transport's wait raises, naming the peer
+    try:
+        for p in pending:
+            while not p.done() and time.perf_counter() - start <= transport.deadline:
+                kind = getattr(p, "kind", None)  # what this rank waits for, carried by its heartbeats
+                transport.awaiting = (getattr(p, "dest", -1), kind.kind_id if kind is not None else 0)
+                time.sleep(sleep)
+                sleep = min(2 * sleep, POLL_MAX_S)
+            p.wait()  # at once when complete; past the deadline the transport's wait raises, naming the peer
+    finally:
+        transport.awaiting = None
     pending.clear()
 
 

@@ -66,7 +66,7 @@ from mpifc.federated.one_pass import (
 from mpifc.federated.serialize import save_fc
 from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
 from mpifc.fedpc import protocol as P
-from mpifc.fedpc.data import read_client_data
+from mpifc.fedpc.data import ClientData, read_client_data
 
 CLIENT_PHASES = ("read", "learn", "serialize", "em")
 
@@ -176,11 +176,18 @@ def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
             pass
 
 
+def fit_client(plan: FederationPlan, index: int, data: ClientData) -> ClientReport:
+    """Client ``index``'s part of Algorithm 1 on its own rows: its leaf PCs, counts and (with the
+    cooccurrence glue) cluster ids. The MPI job and :func:`mpifc.api.simulate` both call this."""
+    return run_client_tasks(plan, index, data.shard.x_train, data.shard.features, x_valid=data.shard.x_valid)
+
+
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     t = ctx.transport
     times = dict.fromkeys(CLIENT_PHASES, 0.0)
     walls = dict.fromkeys(CLIENT_PHASES, 0.0)
     ctx.ledger.set_phase("declare")
+    ctx.enter("read")
     with _clock(times, walls, "read"):
         data = read_client_data(cfg["dir"], index)
     d = data.declaration
@@ -192,19 +199,22 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks),
             fit=True)
     ctx.ledger.set_phase("learn")
+    ctx.enter("learn")
     with _clock(times, walls, "learn"):
-        report = run_client_tasks(plan, index, data.shard.x_train, data.shard.features, x_valid=data.shard.x_valid)
+        report = fit_client(plan, index, data)
     t.send(report.counts(), 0, P.COUNTS)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks):
         # the smallest unsigned dtype holding K - 1 (uint8 for K <= 256): 1 B per row, not 8
         t.send(pack_cluster_ids(plan, index, report.cluster_ids), 0, P.CLUSTER_IDS)
     ctx.ledger.set_phase("gather")
+    ctx.enter("gather")
     with _clock(times, walls, "serialize"):
         blobs = [model_to_bytes(leaf.model) for leaf in report.leaves]
     for b in blobs:
         t.send(b, 0, P.MODEL)
     if cfg.get("refine") == "em":
         ctx.ledger.set_phase("em")
+        ctx.enter("em")
         with _clock(times, walls, "em"):
             if plan.setting == "vertical":
                 _client_em(ctx, cfg, index, data, report)
@@ -214,6 +224,7 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
                 pooled_client_em(ctx, cfg, index, data)
     t.send(np.array([times.get(p, 0.0) for p in CLIENT_PHASES] + [walls.get(p, 0.0) for p in CLIENT_PHASES]),
            0, P.TIMING)
+    ctx.enter("write")  # the server assembles and writes the model meanwhile
     t.recv_obj(0, P.DONE)
 
 
@@ -257,6 +268,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     busy: dict[str, float] = {}
     walls: dict[str, float] = {}
     ctx.ledger.set_phase("declare")
+    ctx.enter("read")  # the clients read their shards and declare them
     decls = []
     for c in sorted(ranks):
         raw = t.recv_obj(ranks[c], P.DECLARE)
@@ -295,12 +307,20 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             t.send_obj(client_plan(plan, c), ranks[c], P.PLAN)
         warm_up({task.learner for task in plan.tasks} - {"dt"}, cluster=False)
         ctx.ledger.set_phase("learn")
+        ctx.enter("learn")
+        t_learn = time.perf_counter()
         for c in sorted(ranks):
             reports.append(_recv_report(t, plan, c, ranks[c]))
+            if cfg.get("progress"):
+                _progress(f"client {c} (rank {ranks[c]}) learned {len(reports[-1].leaves)} PC(s) from its "
+                          f"{plan.declarations[c].n_rows} rows "
+                          f"[{len(reports)}/{len(ranks)} clients, {time.perf_counter() - t_learn:.1f} s]")
+    ctx.enter("assemble")
     with _clock(busy, walls, "assemble"):
         fc = builder.assemble(plan, reports, ranks)
         assign(fc, cfg["assign"], n_servers)
     ctx.ledger.set_phase("gather")
+    ctx.enter("gather")
     client_times = {}
     busy["deserialize"] = walls["deserialize"] = 0.0
     for rep in reports:
@@ -319,8 +339,9 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
 
         check_em_supported(fc)  # e.g. FC[DT]: a clear error before any file or EM message
         if cfg.get("em_initial_model"):
-            save_fc(fc, cfg["em_initial_model"])
+            save_fc(fc, ctx.stage(cfg["em_initial_model"]))
         ctx.ledger.set_phase("em")
+        ctx.enter("em")
         with _clock(busy, walls, "em"):
             if manifest.setting == "vertical":
                 em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
@@ -364,11 +385,29 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         "client_seconds_wall": {str(c): v for c, v in client_walls.items()},
         "server_seconds_wall": dict(walls),
     }
-    fc.meta.update(train=summary)
-    save_fc(fc, cfg["model"])
+    fc.meta.update(train=summary, codec=model_codec(manifest))
+    ctx.enter("write")
+    # Written beside its final path; in place only once every rank has finished (run_job).
+    save_fc(fc, ctx.stage(cfg["model"]))
     for c in sorted(ranks):
         t.send_obj("ok", ranks[c], P.DONE)
     return summary
+
+
+def _progress(line: str) -> None:
+    """One progress line on stderr (the summary goes to stdout), for runs a person watches."""
+    import sys
+
+    sys.stderr.write(f"mpifc train: {line}\n")
+    sys.stderr.flush()
+
+
+def model_codec(manifest: Any) -> dict[str, Any]:
+    """What turns a user's rows into model rows and back (:class:`data_prep.codec.RowCodec`),
+    from the shard set's manifest: the model file carries it, so queries need only the model."""
+    from data_prep.codec import RowCodec
+
+    return RowCodec.from_manifest(manifest.raw).to_json()
 
 
 def _recv_report(t: Any, plan: FederationPlan, c: int, rank: int) -> ClientReport:

@@ -13,13 +13,13 @@ process predicts each target from the other features of the test rows (``test.h5
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mpifc.errors import UserError
+from mpifc.runtime.jsonout import finite_json
 from mpifc.ngm.schema import Feature, Schema, categorical, real
 
 
@@ -122,14 +122,19 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         ledger: where rank 0 writes the per-message ledger CSV.
         as_json: rank 0 prints the summary as one JSON line.
     """
-    from data_prep.shards import load_manifest
+    from data_prep.shards import input_files, load_manifest
+    from mpifc.atomic import check_outputs
     from mpifc.ngm.job import audit_client_sends
     from mpifc.runtime.job import run_job
 
     if cfg["fold"] is not None:
         fold_rows(cfg["folds"], cfg["folds"], cfg["fold"], 0)  # validates --fold/--folds
     _settings(cfg)  # bad settings fail here, before any rank starts
-    load_manifest(cfg["dir"])
+    inputs = input_files(load_manifest(cfg["dir"]))
+    if cfg.get("public"):
+        inputs += input_files(load_manifest(cfg["public"]))
+    check_outputs([("--model", cfg["model"], False), ("--ledger", ledger, False),
+                   ("--save-local", cfg.get("save_local"), True)], inputs)
 
     def on_ledger(table: Any) -> None:
         audit = audit_client_sends(table)  # raises on a forbidden payload class
@@ -139,7 +144,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         summary["bytes_by_phase"] = {ph: int(v) for ph, v in _bytes_by_phase(table).items()}
         summary["client_payload_classes"] = audit
         if as_json:
-            print(json.dumps(summary), flush=True)
+            print(finite_json(summary), flush=True)
 
     def job(ctx: Any) -> int:
         ctx.config = cfg  # one dict, so on_ledger sees rank 0's summary
@@ -186,7 +191,7 @@ def evaluate_rows(model: Any, x: np.ndarray, features: list[str], targets: list[
 
 
 def evaluate(directory: str, model_path: str, targets: list[str], client: int | None = None,
-             infer_steps: int | None = None, as_json: bool = False) -> int:
+             infer_steps: int | None = None, as_json: bool = False, quiet: bool = False) -> int:
     """Evaluate an NGM model file on shard test rows; prints one line (or JSON) per target.
 
     Args:
@@ -196,6 +201,7 @@ def evaluate(directory: str, model_path: str, targets: list[str], client: int | 
         client: evaluate on this client's own test rows instead of ``test.h5``.
         infer_steps: input-optimisation steps (``None``: the model's own).
         as_json: print one JSON line instead of one line per target.
+        quiet: print nothing.
     """
     from data_prep.shards import load_manifest, read_client, read_test
     from mpifc.ngm.inference import InferenceSettings
@@ -223,8 +229,10 @@ def evaluate(directory: str, model_path: str, targets: list[str], client: int | 
             raise UserError(f"--infer-steps must be >= 0, got {infer_steps}")
         settings = InferenceSettings(steps=infer_steps)
     records = evaluate_rows(model, x, features, targets, settings)
+    if quiet:
+        return 0
     if as_json:
-        print(json.dumps({"on": where, "metrics": records}), flush=True)
+        print(finite_json({"on": where, "metrics": records}), flush=True)
     else:
         for r in records:
             vals = " ".join(f"{k}={v:.4f}" for k, v in r.items() if isinstance(v, float))

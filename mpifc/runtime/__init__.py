@@ -10,7 +10,13 @@ Modules (one reason to change each):
   watchdog   the thread that enforces deadlines of waits done inside MPI
   bufpool    recycled buffers for large receives (2 MiB-aligned huge pages where the OS has them)
   ledger     one row per message; gathered to rank 0; CSV and per-link/phase summaries
-  job        run_job(main): communicator, ledger, transport, roles, device, fail-fast
+  job        run_job(main): communicator, ledger, transport, roles, device, fail-fast, liveness
+  liveness   heartbeats on a side communicator: a silent or early-ended rank ends the job
+  node       the node folder the ranks share before and beside MPI, and its sentinel process
+  sentinel   the per-node process that names killed ranks and watches start-up (stdlib only)
+  outputs    output files renamed into place only when the whole job succeeded
+  faults     MPIFC_FAULT: fault injection at a named phase, for tests
+  jsonout    strict JSON lines (non-finite numbers become null with a reason)
   actor      dispatch loop: handlers per message kind, clean shutdown
   roles      server and client ranks
   device     cuda:(local_rank % n_gpus) or cpu

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import NoReturn
@@ -18,6 +19,16 @@ _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "P
 
 
 _aborting = 0
+_abort_lock = threading.Lock()  # the heartbeat thread and the main thread may fail at once
+
+
+def _claim_abort() -> None:
+    """Return if this thread is the first to end the job; otherwise wait for the other one's
+    abort to end the process (one report, one MPI_Abort)."""
+    if _abort_lock.acquire(blocking=False):
+        return
+    time.sleep(30.0)
+    os._exit(_aborting or 1)
 
 
 def env_rank() -> int | None:
@@ -74,6 +85,51 @@ def settle_before_abort() -> None:
     time.sleep(ABORT_SETTLE_SECONDS)
 
 
+def _job_failing() -> None:
+    """What every failing rank does before it ends the job: remove its partial outputs, tell
+    its node sentinel that the failure is reported (so it stays quiet), and tell the other ranks
+    (so the sentinels of other nodes do too). Best effort: nothing here may raise."""
+    try:
+        from mpifc.runtime import liveness, node, outputs
+
+        staged = outputs.current()
+        if staged is not None:
+            staged.discard()
+        view = node.current()
+        if view is not None:
+            view.mark_abort()
+        live = liveness.current()
+        if live is not None:
+            live.announce_abort()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _world() -> object | None:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD
+    return None
+
+
+def abort_with_line(line: str, code: int) -> NoReturn:
+    """End the job with one line already written for the user (e.g. by the heartbeat thread,
+    naming a silent rank): ``MPI_Abort`` when MPI runs with several ranks, else exit."""
+    global _aborting
+    if _aborting:
+        os._exit(_aborting)
+    _claim_abort()
+    _aborting = code or 1
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    _job_failing()
+    world = _world()
+    if world is not None and world.Get_size() > 1:
+        settle_before_abort()
+        world.Abort(code or 1)
+    os._exit(code or 1)
+
+
 def abort_job(exc: BaseException) -> NoReturn:
     """Report ``exc`` and end the job: ``MPI_Abort`` when MPI runs with several ranks, else exit.
 
@@ -83,19 +139,21 @@ def abort_job(exc: BaseException) -> NoReturn:
     if _aborting:
         # Already reported and aborting (e.g. MPI_Abort returned before the launcher killed us).
         os._exit(_aborting)
-    mpi = sys.modules.get("mpi4py.MPI")
-    world = None
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        world = mpi.COMM_WORLD
+    _claim_abort()
+    world = _world()
     rank = world.Get_rank() if world is not None else env_rank()
     if world is None and rank not in (None, 0) and isinstance(exc, UserError):
         # Before MPI starts every rank sees the same command line and files: one line is enough.
+        _job_failing()
+        _abort_lock.release()
         sys.exit(exit_code_for(exc))
     code = report(exc, rank)
+    _job_failing()
     if world is not None and world.Get_size() > 1:
         _aborting = code or 1
         settle_before_abort()
         world.Abort(code or 1)
         # MPICH's MPI_Abort may return while the launcher tears the job down; never run on.
         os._exit(code or 1)
+    _abort_lock.release()  # a single process: the caller may go on (e.g. the CLI called in-process)
     sys.exit(code)

@@ -57,9 +57,9 @@ def info_job(ctx: JobContext) -> int:
     return 0
 
 
-def run_info(deadline: float = 300.0, device: str | None = None) -> int:
+def run_info(deadline: float = 300.0, device: str | None = None, liveness: float = 10.0) -> int:
     """Run the ``mpifc info`` job on every rank of ``COMM_WORLD``; returns the exit code."""
-    return run_job(info_job, deadline=deadline, device=device)
+    return run_job(info_job, deadline=deadline, device=device, liveness=liveness)
 
 
 __all__ = ["run_info", "info_job", "package_versions"]

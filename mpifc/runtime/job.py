@@ -1,4 +1,5 @@
-"""Run a function as an MPI job: communicator, ledger, transport, roles and device, fail-fast.
+"""Run a function as an MPI job: communicator, ledger, transport, roles and device, fail-fast,
+liveness, and outputs that appear only when the job succeeds.
 
 Example::
 
@@ -11,14 +12,25 @@ Example::
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from mpifc.runtime.failure import abort_job
+from mpifc.errors import UserError
+from mpifc.runtime import faults
+from mpifc.runtime.failure import abort_job, abort_with_line, env_rank
 from mpifc.runtime.ledger import CommLedger, LedgerTable
+from mpifc.runtime.liveness import DEFAULT_LIMIT_S
+from mpifc.runtime.outputs import StagedOutputs
+
+
+class ProtocolError(RuntimeError):
+    """A rank's part of the protocol did not complete (found at the end of a job)."""
+
+    brief = True  # one line, no traceback: the message says what is wrong
 
 
 @dataclass
@@ -35,6 +47,8 @@ class JobContext:
         config: the job's settings (e.g. the parsed CLI namespace as a dict).
         local_rank, local_size: index of this rank among the ranks on its node, and their number.
         device_override: the ``--device`` value, if any.
+        liveness: the rank's heartbeats (:mod:`mpifc.runtime.liveness`), or None in a one-rank job.
+        outputs: this rank's output files not yet in place (:meth:`stage`).
     """
 
     comm: Any
@@ -47,6 +61,21 @@ class JobContext:
     local_rank: int = 0
     local_size: int = 1
     device_override: str | None = None
+    liveness: Any = None
+    outputs: StagedOutputs = field(default_factory=StagedOutputs)
+
+    def enter(self, phase: str) -> None:
+        """Announce what this rank does now (``"read"``, ``"learn"``, ...): carried by its
+        heartbeats and named if it falls silent; also a fault-injection point
+        (:mod:`mpifc.runtime.faults`)."""
+        if self.liveness is not None:
+            self.liveness.enter(phase)
+        faults.at(self.rank, phase)
+
+    def stage(self, path: str | Path) -> Path:
+        """Where to write the output file ``path``: a partial file beside it that the runner
+        renames to ``path`` only once every rank has finished (:mod:`mpifc.runtime.outputs`)."""
+        return self.outputs.stage(path)
 
     @cached_property
     def device(self) -> Any:
@@ -62,14 +91,21 @@ class JobContext:
 
 def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] | None = None,
             servers: tuple[int, ...] | int = (0,), min_clients: int = 0, deadline: float = 300.0,
-            device: str | None = None, ledger_csv: str | Path | None = None,
+            liveness: float = DEFAULT_LIMIT_S, device: str | None = None, ledger_csv: str | Path | None = None,
             summary_csv: str | Path | None = None, print_summary: bool = False,
             on_ledger: Callable[[LedgerTable], None] | None = None) -> int:
     """Run ``main(ctx)`` on every rank of ``COMM_WORLD``.
 
     After ``main`` returns on every rank (a deadline-bounded barrier), the ledgers are gathered to
-    rank 0, which writes ``ledger_csv`` / ``summary_csv`` (atomically), prints the summary table
-    if asked, and calls ``on_ledger(table)``.
+    rank 0, which writes ``ledger_csv`` / ``summary_csv``, prints the summary table if asked, and
+    calls ``on_ledger(table)``. Only then, after one more barrier, does every rank rename the
+    outputs it staged (:meth:`JobContext.stage`, the ledger CSVs included) to their final paths:
+    a failed job leaves none of them there.
+
+    From the start every rank shows it is alive: before MPI is up through its node folder and
+    the node sentinel (:mod:`mpifc.runtime.node`), then by heartbeats
+    (:mod:`mpifc.runtime.liveness`). A rank silent for ``liveness`` seconds, or one that ended
+    while a peer waits for it, ends the job with one line naming it and its phase.
 
     Any exception on any rank prints ``mpifc: rank R: <ErrorType>: <message>`` and aborts the
     whole job (``MPI_Abort``, exit code 2 for a :class:`~mpifc.errors.UserError`, 1 otherwise), or
@@ -80,7 +116,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         config: settings handed to ``main`` as ``ctx.config``.
         servers: server ranks, or their number.
         min_clients: fail with a clear error when fewer client ranks are started.
-        deadline: seconds any single send/receive may wait.
+        deadline: seconds any single send/receive may wait (> 0).
+        liveness: seconds a rank may show no sign of life before the job ends (> 0).
         device: ``--device`` override (``None``/``"auto"`` picks ``cuda:(local_rank % n_gpus)``).
         ledger_csv, summary_csv: where rank 0 writes the per-message and the summary CSVs.
         print_summary: rank 0 prints the per-link / per-phase table on stdout.
@@ -90,10 +127,37 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         The largest exit code returned by ``main`` over all ranks.
     """
     try:
+        if not deadline > 0:
+            raise UserError(f"--deadline must be > 0 seconds, got {deadline:g}")
+        if not liveness > 0:
+            raise UserError(f"--liveness must be > 0 seconds, got {liveness:g}")
+        faults.load()
+        from mpifc.runtime import node as node_mod
+
+        rank0 = env_rank()
+        node = node_mod.NodeView.join(rank0, liveness)
+        node_mod.set_current(node)
+        if rank0 is not None:
+            faults.note(f"rank-{rank0}.pid", str(os.getpid()))
+            if node is not None and node.sentinel is not None:
+                faults.note(f"sentinel-{rank0}.pid", str(node.sentinel.pid))
+        if node is not None:
+            # Meet the node's other ranks here, asleep: MPI_Init would wait for them spinning,
+            # with the GIL held. A rank that never comes is the sentinel's to report.
+            node.wait_for_local_ranks(max(3.0 * liveness, 30.0))
+        try:
+            faults.at(rank0, "startup")
+        except faults.ReturnEarly:
+            return 0
+        if node is not None:
+            node.mark("ready")
+
         from mpi4py import MPI
 
         from mpifc.runtime.device import local_rank_of
         from mpifc.runtime.launcher import check_launcher_matches
+        from mpifc.runtime.liveness import DONE, FINAL, Liveness, set_current
+        from mpifc.runtime.outputs import set_current as set_outputs
         from mpifc.runtime.roles import Roles
         from mpifc.runtime.transport import Transport
 
@@ -101,38 +165,73 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         check_launcher_matches(world.Get_size())
         comm = world.Dup()
         rank, size = comm.Get_rank(), comm.Get_size()
-        roles = Roles.build(size, servers, min_clients)
         ledger = CommLedger(rank, size)
         transport = Transport(comm, ledger, deadline)
+        live = Liveness(world, liveness, node, transport, on_silent=lambda line: abort_with_line(line, 1)) \
+            if size > 1 else None
+        if live is not None:
+            set_current(live)
+            live.start()
+        if node is not None:
+            node.mark("up")
+        outputs = StagedOutputs(node)
+        set_outputs(outputs)
+        roles = Roles.build(size, servers, min_clients)
         local_rank, local_size = local_rank_of(comm)
         ctx = JobContext(comm=comm, rank=rank, size=size, transport=transport, ledger=ledger,
                          roles=roles, config=dict(config or {}), local_rank=local_rank,
-                         local_size=local_size, device_override=device)
+                         local_size=local_size, device_override=device, liveness=live, outputs=outputs)
         try:
             code = main(ctx)
+        except faults.ReturnEarly:
+            code = 0
         except SystemExit as e:
             if e.code not in (None, 0):
                 raise
             code = 0
         code = int(code or 0)
+        if live is not None:
+            live.set_state(DONE)
         # Every rank must be done before the collective gather; the barrier keeps the deadline.
         ledger.set_phase("teardown")
         transport.flush()
         transport.barrier()
+        left = transport.unreceived()
+        if left is not None:
+            # Every rank has ended its job function, so nobody will receive it: the rank skipped
+            # part of the protocol (e.g. it returned early), and its result cannot be trusted.
+            raise ProtocolError(f"ended its job with an unreceived {left[1]!r} message from rank {left[0]} "
+                                f"(the job's protocol did not complete)")
         table = ledger.gather(comm)
         code = comm.allreduce(code, op=MPI.MAX)
         if table is not None:
             if ledger_csv:
-                table.write_csv(ledger_csv)
+                table.write_csv(ctx.stage(ledger_csv))
             if summary_csv or print_summary:
                 summary = table.summary()
                 if summary_csv:
-                    summary.write_csv(summary_csv)
+                    summary.write_csv(ctx.stage(summary_csv))
                 if print_summary:
                     print(summary.to_table(), flush=True)
             if on_ledger is not None:
                 on_ledger(table)
+        # Rank 0 has written everything: every rank may put its outputs in place.
+        transport.barrier()
+        if code == 0:
+            outputs.commit()
+        else:
+            outputs.discard()
+        set_outputs(None)
+        if live is not None:
+            live.set_state(FINAL)
+            live.stop()
+            set_current(None)
+        if node is not None:
+            node.mark("final")
         comm.Free()
+        if node is not None:
+            node.mark("end")
+            node_mod.set_current(None)
         return code
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         abort_job(exc)

@@ -14,18 +14,25 @@ costs no measurable bandwidth. Copying header and payload into one staging buffe
 than it saves. So the payload is sent from the caller's own memory, and the receiver keeps the
 time between the two messages short instead (below).
 
-Waiting and deadlines. Receives of one kind from one rank (or from any rank), payload chunks
-and sends wait *inside MPI* (``Wait``/``Waitall``, in :meth:`Transport._guarded`), as fast as
-raw mpi4py, while a watchdog thread holds their deadline (:mod:`mpifc.runtime.watchdog`: it
-cancels the requests when the deadline passes, and aborts the job if they cannot be cancelled).
-The waits for header, payload and send completion are preceded by one ``Test``: a message
-that is already there then skips the watchdog and MPI's blocking wait (measured on a busy
-node: test-then-wait 1.1-1.7x faster per message than a plain wait, for raw mpi4py as for the
-transport).
-Waits over several ``(source, kind)`` pairs (:meth:`Transport.recv_any_kind`, the actor loop)
-poll ``Improbe`` from Python: they spin for ``spin_s``, yielding the core now and then, then
-back off with short sleeps so a rank that waits for a computing peer does not burn a core. When
-a deadline passes, :class:`DeadlineExceeded` names the peer and the awaited kind.
+Waiting and deadlines. A waiting rank spins briefly, then sleeps: MPI's own blocking wait
+polls on a core for as long as the wait lasts, which on a node with more ranks than cores takes
+the core from the very rank being waited for (and a rank idle for minutes would burn a core).
+
+* Receives of one kind from one rank (or from any rank) and payload chunks wait *inside MPI*
+  (``Wait``, in :meth:`Transport._guarded`), as fast as raw mpi4py, while a watchdog thread holds
+  their limits (:mod:`mpifc.runtime.watchdog`): after ``spin_s`` it cancels a header receive
+  (which is then posted again and polled from Python with sleeps of at most ``max_sleep_s``), at
+  the deadline it cancels any receive, and it aborts the job if a receive cannot be cancelled.
+* Sends and barriers cannot be cancelled, so they never wait inside MPI: they poll ``Test`` from
+  Python, spinning for ``spin_s`` (yielding the core now and then), then sleeping with back-off.
+* Waits over several ``(source, kind)`` pairs (:meth:`Transport.recv_any_kind`, the actor loop)
+  poll ``Improbe`` the same way.
+
+Every wait is preceded by one ``Test``: a message that is already there then skips the
+watchdog and the wait (measured on a busy node: test-then-wait 1.1-1.7x faster per message than
+a plain wait, for raw mpi4py as for the transport). While a wait blocks, :attr:`Transport.awaiting`
+names the peer and kind it waits for (the heartbeats carry it: :mod:`mpifc.runtime.liveness`).
+When a deadline passes, :class:`DeadlineExceeded` names the peer and the awaited kind.
 
 Receive buffers: small messages are copied out of one reused header buffer; large ones land in
 arrays from a :class:`~mpifc.runtime.bufpool.RecvBufferPool` (recycled once the caller drops
@@ -110,7 +117,8 @@ class PendingSend:
         """Block (honouring the deadline) until the send is complete."""
         self.transport._wait_requests(self.requests, self.nbytes,
                                       lambda: f"rank {self.dest} to receive a {self.kind.name!r} message "
-                                              f"({self.nbytes} bytes) from rank {self.transport.rank}")
+                                              f"({self.nbytes} bytes) from rank {self.transport.rank}",
+                                      self.dest, self.kind.kind_id)
 
 
 class Transport:
@@ -169,6 +177,8 @@ class Transport:
         self.received_counts: dict[tuple[int, int], int] = {}
         # recv(out=): the expected header bytes per (kind id, dtype, shape); see _recv_preposted.
         self._expected_headers: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[bytes, bytes, int]] = {}
+        # While a wait blocks: (peer rank or -1 for any / -2 for all, kind id) it waits for.
+        self.awaiting: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------------------- sending
     def send(self, x: Any, dest: int, kind: MessageKind | str) -> None:
@@ -210,7 +220,7 @@ class Transport:
         self._count_send(dest, k.kind_id, nbytes, hlen)
         if not req.Test():
             self._wait_requests([req], nbytes, lambda: f"rank {dest} to receive a {k.name!r} message "
-                                                       f"({nbytes} bytes) from rank {self.rank}")
+                                                       f"({nbytes} bytes) from rank {self.rank}", dest, k.kind_id)
 
     def _send_large(self, arr: np.ndarray, code: int, flags: int, nbytes: int, dest: int, k: MessageKind) -> None:
         """Blocking send of a one-chunk payload (to another rank): what :meth:`_isend_array` does,
@@ -231,11 +241,11 @@ class Transport:
         done = preq.Test()
         self._count_send(dest, tag, nbytes, hlen)
         if not done:  # (below the MPI's eager limit it is complete at once)
-            self._block([preq], self._send_statuses, lambda: f"rank {dest} to receive a {k.name!r} message "
-                                                             f"({nbytes} bytes) from rank {self.rank}")
+            self._wait_requests([preq], nbytes, lambda: f"rank {dest} to receive a {k.name!r} message "
+                                                        f"({nbytes} bytes) from rank {self.rank}", dest, tag)
         if not hreq.Test():
-            self._block([hreq], self._send_statuses, lambda: f"rank {dest} to receive a {k.name!r} message "
-                                                             f"header from rank {self.rank}")
+            self._wait_requests([hreq], 0, lambda: f"rank {dest} to receive a {k.name!r} message "
+                                                   f"header from rank {self.rank}", dest, tag)
 
     def _count_send(self, dest: int, kind_id: int, nbytes: int, hlen: int) -> None:
         self.ledger.count_sent(dest, nbytes, hlen)
@@ -393,11 +403,26 @@ class Transport:
             p.wait()
         self._to_self.clear()
 
+    def unreceived(self) -> tuple[int, str] | None:
+        """``(source rank, kind name)`` of a message that has arrived here and was never received,
+        or None (only messages already delivered to this rank are seen)."""
+        status = MPI.Status()
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            return None
+        tag = status.Get_tag()
+        try:
+            from mpifc.runtime.kinds import kind_by_id
+
+            name = kind_by_id(tag).name
+        except KeyError:
+            name = f"tag {tag}"
+        return status.Get_source(), name
+
     def barrier(self) -> None:
         """A barrier over the communicator that honours the deadline (not counted: no payload)."""
         req = self.comm.Ibarrier()
         self._wait_requests([req], 0,
-                            lambda: f"every rank to reach a barrier (rank {self.rank} waited)")
+                            lambda: f"every rank to reach a barrier (rank {self.rank} waited)", -2, 0)
 
     # -------------------------------------------------------------------------------- helpers
     def _check_peer(self, peer: int, verb: str) -> None:
@@ -496,14 +521,19 @@ class Transport:
             guard, t0, state = self._guard, _perf(), [False, False]
             guard.armed = ([pre, req], t0 + self.spin_s, t0 + self.deadline, self.deadline,
                            lambda: self._waiting_for([source], [kind]), state)
+            self.awaiting = (source, tag)
             try:
                 req.Wait(status)
             finally:
                 guard.armed = None
             if state[0] or state[1] or status.Is_cancelled():
                 # The watchdog fired (a long wait): the general path sorts out what it cancelled.
-                if not self._after_guarded_header_wait(req, source, kind, pre, state, t0):
-                    pre = None  # cancelled while waiting long for the header: receive the payload later
+                try:
+                    if not self._after_guarded_header_wait(req, source, kind, pre, state, t0):
+                        pre = None  # cancelled while waiting long for the header: receive the payload later
+                finally:
+                    self.awaiting = None
+            self.awaiting = None
         count = status.Get_count(_BYTE)
         if pre is None or count != hlen or hbuf[:16] != head or hbuf[24:hlen] != tail:
             # Not the expected header (or the early payload receive is gone): the general path
@@ -566,14 +596,18 @@ class Transport:
         who = None if source == MPI.ANY_SOURCE else [source]
         describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
         t0 = _perf()
-        if self._guard is not None:
-            # Wait inside MPI with the watchdog armed. It cancels in list order: the payload
-            # receive first, so that no header message can slip into it between the two cancels
-            # (matching follows posting order).
-            state = self._guarded([req], [status], describe, soft_at=t0 + self.spin_s,
-                                  cancel=None if pre is None else [pre, req])
-            return self._after_guarded_header_wait(req, source, kind, pre, state, t0)
-        return self._poll_header(req, source, kind, pre, self.spin_s, pre is not None, t0)
+        self.awaiting = (source if source != MPI.ANY_SOURCE else -1, kind.kind_id)
+        try:
+            if self._guard is not None:
+                # Wait inside MPI with the watchdog armed. It cancels in list order: the payload
+                # receive first, so that no header message can slip into it between the two cancels
+                # (matching follows posting order).
+                state = self._guarded([req], [status], describe, soft_at=t0 + self.spin_s,
+                                      cancel=None if pre is None else [pre, req])
+                return self._after_guarded_header_wait(req, source, kind, pre, state, t0)
+            return self._poll_header(req, source, kind, pre, self.spin_s, pre is not None, t0)
+        finally:
+            self.awaiting = None
 
     def _after_guarded_header_wait(self, req: MPI.Request, source: int, kind: MessageKind,
                                    pre: MPI.Request | None, state: list[bool], t0: float) -> bool:
@@ -709,8 +743,15 @@ class Transport:
                     return True
             return False
 
-        if not self._poll(probe, self.spin_s):
-            raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+        if not probe():
+            srcs = {s for s, _ in pairs}
+            kinds = {k.kind_id for _, k in pairs}
+            self.awaiting = (srcs.pop() if len(srcs) == 1 else -1, kinds.pop() if len(kinds) == 1 else 0)
+            try:
+                if not self._poll(probe, self.spin_s):
+                    raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
+            finally:
+                self.awaiting = None
         msg, k = found[0]
         count, src = status.Get_count(MPI.BYTE), status.Get_source()
         if count > len(self._hbuf):
@@ -813,10 +854,25 @@ class Transport:
         self.ledger.record(kind_id, src, got, count, 1 + n_chunks, t_send, _now())
         return arr, flags
 
-    def _wait_requests(self, reqs: list[MPI.Request], nbytes: int, describe: Callable[[], str]) -> None:
-        """Wait for send (or barrier) requests under the deadline."""
-        if not MPI.Request.Testall(reqs):
-            self._block(reqs, [MPI.Status() for _ in reqs], describe)
+    def _wait_requests(self, reqs: list[MPI.Request], nbytes: int, describe: Callable[[], str],
+                       peer: int = -1, kind_id: int = 0) -> None:
+        """Wait for send (or barrier) requests under the deadline: ``Test`` polled from Python,
+        spinning for ``spin_s``, then sleeping (these cannot be cancelled, so they never wait inside
+        MPI, which would spin on a core for as long as the peer takes). ``peer``/``kind_id``: what
+        the wait is for (:attr:`awaiting`)."""
+        if len(reqs) == 1:
+            test = reqs[0].Test
+        else:
+            test = lambda: MPI.Request.Testall(reqs)  # noqa: E731
+        if test():
+            return
+        self.awaiting = (peer, kind_id)
+        try:
+            ok = self._poll(test, self.spin_s)
+        finally:
+            self.awaiting = None
+        if not ok:
+            raise DeadlineExceeded(f"deadline of {self.deadline:g} s passed waiting for {describe()}")
 
     def _guarded(self, reqs: list[MPI.Request], statuses: list[MPI.Status], describe: Callable[[], str],
                  soft_at: float = _INF, cancel: list[MPI.Request] | None = None) -> list[bool]:

@@ -12,7 +12,8 @@ watchdog prints the error and calls ``MPI_Abort``, so no job waits forever.
 A wait for a message header may also carry a *soft* limit: MPI's own wait busy-polls, which is
 right for a reply that comes within microseconds but wasteful when the peer computes for
 minutes on the same cores. At the soft limit the watchdog cancels the receive and the
-transport goes on waiting by polling from Python with sleeps.
+transport goes on waiting by polling from Python with sleeps. (Sends and barriers cannot be
+cancelled: the transport never waits for them inside MPI.)
 
 Arming and disarming are one attribute store each: no lock on the message path.
 """
@@ -24,7 +25,8 @@ import time
 import weakref
 from typing import Any, Callable
 
-PERIOD_S = 0.25  # how often the watchdog looks: the precision of deadlines and soft limits
+PERIOD_S = 0.05  # how often the watchdog looks: the precision of deadlines and soft limits (a long
+                 # wait spins inside MPI for up to spin_s + PERIOD_S before it sleeps)
 GRACE_S = 2.0    # after cancelling, how long before a still-blocked wait aborts the job
 
 _guards: "weakref.WeakSet[WaitGuard]" = weakref.WeakSet()

@@ -14,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("mpifc", "data_prep")
-UTILITIES = {"mpifc", "mpifc.errors", "mpifc.atomic"}
+UTILITIES = {"mpifc.errors", "mpifc.atomic"}
+FACADE = "mpifc"  # the package itself: ``__version__``, and ``load``/``simulate`` from mpifc.api on first use
 
 
 def _module_name(path: Path) -> str:
@@ -74,6 +75,8 @@ def floor(module: str) -> str:
     """The package a module belongs to: ``mpifc.circuit.einet.model`` -> ``circuit``."""
     if module in UTILITIES:
         return "utilities"
+    if module == FACADE:
+        return "facade"
     parts = module.split(".")
     if parts[0] == "data_prep":
         return "data_prep"
@@ -91,36 +94,43 @@ def _edges(graph, src_floor: str) -> set[tuple[str, str]]:
 
 def test_the_graph_sees_the_floors(graph):
     floors = {floor(m) for m in graph}
-    assert {"circuit", "federated", "runtime", "fedpc", "cli", "experiments", "baselines", "analysis", "ngm",
-            "data_prep", "utilities"} <= floors
+    assert {"circuit", "federated", "runtime", "fedpc", "cli", "api", "experiments", "baselines", "analysis",
+            "ngm", "data_prep", "utilities", "facade"} <= floors
     # The reader finds imports inside functions too (most heavy imports are local).
     assert "mpifc.fedpc.mpe" in graph["mpifc.fedpc.job"]
 
 
+def test_the_package_facade_reaches_only_the_api(graph):
+    assert graph[FACADE] <= {"mpifc.api"}
+    users = {a for a, bs in graph.items() for b in bs if b == "mpifc.api" and floor(a) not in ("facade", "cli")}
+    assert not users, sorted(users)
+
+
 def test_utilities_and_data_prep_import_nothing_of_the_floors(graph):
     for f in ("utilities", "data_prep"):
-        bad = {(a, b) for a, b in _edges(graph, f) if floor(b) not in ("utilities", "data_prep")}
+        bad = {(a, b) for a, b in _edges(graph, f) if floor(b) not in ("utilities", "data_prep", "facade")}
         assert not bad, f"{f} imports upward: {sorted(bad)}"
 
 
 def test_circuit_imports_nothing_above_it(graph):
-    bad = {(a, b) for a, b in _edges(graph, "circuit") if floor(b) not in ("circuit", "utilities")}
+    bad = {(a, b) for a, b in _edges(graph, "circuit") if floor(b) not in ("circuit", "utilities", "facade")}
     assert not bad, sorted(bad)
 
 
 def test_federated_imports_only_circuit(graph):
-    bad = {(a, b) for a, b in _edges(graph, "federated") if floor(b) not in ("federated", "circuit", "utilities")}
+    bad = {(a, b) for a, b in _edges(graph, "federated")
+           if floor(b) not in ("federated", "circuit", "utilities", "facade")}
     assert not bad, sorted(bad)
 
 
 def test_runtime_imports_no_protocol_and_nothing_above(graph):
-    above = {"federated", "fedpc", "experiments", "baselines", "analysis", "ngm", "cli", "circuit", "data_prep"}
+    above = {"federated", "fedpc", "experiments", "baselines", "analysis", "ngm", "cli", "circuit", "data_prep", "api"}
     bad = {(a, b) for a, b in _edges(graph, "runtime") if floor(b) in above}
     assert not bad, sorted(bad)
 
 
 def test_fedpc_sits_on_runtime_federated_circuit_and_data_prep(graph):
-    allowed = {"fedpc", "runtime", "federated", "circuit", "data_prep", "utilities"}
+    allowed = {"fedpc", "runtime", "federated", "circuit", "data_prep", "utilities", "facade"}
     bad = {(a, b) for a, b in _edges(graph, "fedpc") if floor(b) not in allowed}
     assert not bad, sorted(bad)
     users = {a for a, bs in graph.items() for b in bs if floor(b) == "fedpc" and floor(a) in

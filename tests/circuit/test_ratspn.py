@@ -39,13 +39,13 @@ def _data(leaf: str, n: int, n_vars: int, seed: int, nan: bool) -> np.ndarray:
 def test_tiny_binary_sums_to_one(product: str) -> None:
     m = _tiny_binary(product)
     full = np.array(list(itertools.product([0.0, 1.0], repeat=5)))
-    assert float(m.log_likelihood(full).exp().sum()) == pytest.approx(1.0, abs=1e-12)
+    assert float(np.exp(m.log_likelihood(full)).sum()) == pytest.approx(1.0, abs=1e-12)
     # marginal through NaN == enumeration over the missing variables
-    p = m.log_likelihood(full).exp().numpy()
+    p = np.exp(m.log_likelihood(full))
     x = full[[3, 17, 30]].copy()
     x[0, [1, 4]] = np.nan
     x[1, :3] = np.nan
-    got = m.log_likelihood(x).exp().numpy()
+    got = np.exp(m.log_likelihood(x))
     for i in range(3):
         match = np.all(np.isnan(x[i]) | (full == x[i]), axis=1)
         assert got[i] == pytest.approx(p[match].sum(), rel=1e-11)
@@ -55,7 +55,7 @@ def test_tiny_binary_sums_to_one(product: str) -> None:
 def test_all_missing_has_log_likelihood_zero(leaf: str, kw: dict) -> None:
     m = RatSPN(9, depth=3, repetitions=2, num_sums=2, num_leaves=2, leaf=leaf, leaf_kwargs=kw, seed=1)
     ll = m.log_likelihood(np.full((3, 9), np.nan))
-    torch.testing.assert_close(ll, torch.zeros(3, dtype=torch.float64), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ll, np.zeros(3), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("product", PRODUCTS)
@@ -100,7 +100,7 @@ def test_mpe_maximises_max_product_value_by_brute_force() -> None:
 def test_sample_frequencies_match(product: str) -> None:
     m = _tiny_binary(product, 4)
     full = np.array(list(itertools.product([0.0, 1.0], repeat=5)))
-    p = m.log_likelihood(full).exp().numpy()
+    p = np.exp(m.log_likelihood(full))
     s = m.sample(20000, 5)
     obs = np.array([np.all(s == r, axis=1).sum() for r in full])
     assert obs.sum() == len(s)
@@ -110,7 +110,7 @@ def test_sample_frequencies_match(product: str) -> None:
 def test_conditional_sampling_respects_evidence() -> None:
     m = _tiny_binary("outer", 6)
     full = np.array(list(itertools.product([0.0, 1.0], repeat=5)))
-    p = m.log_likelihood(full).exp().numpy()
+    p = np.exp(m.log_likelihood(full))
     ev = np.full((15000, 5), np.nan)
     ev[:, 0], ev[:, 3] = 1.0, 0.0
     s = m.sample(len(ev), 7, evidence=ev)
@@ -141,8 +141,8 @@ def test_same_seed_same_model_and_no_nan_at_extremes() -> None:
     b = RatSPN(10, depth=2, repetitions=3, seed=11)
     c = RatSPN(10, depth=2, repetitions=3, seed=12)
     x = _data("gaussian", 20, 10, 0, nan=True)
-    assert torch.equal(a.log_likelihood(x), b.log_likelihood(x))
-    assert not torch.equal(a.log_likelihood(x), c.log_likelihood(x))
+    assert np.array_equal(a.log_likelihood(x), b.log_likelihood(x))
+    assert not np.array_equal(a.log_likelihood(x), c.log_likelihood(x))
     # variance at the floor, huge values, infinities
     m = RatSPN(10, depth=2, repetitions=3, leaf_kwargs={"min_var": 1e-6}, seed=11)
     const = np.zeros((50, 10))
@@ -150,7 +150,7 @@ def test_same_seed_same_model_and_no_nan_at_extremes() -> None:
     real = m.real[..., None].expand(*m._shape).reshape(-1)  # padding slots see no data
     assert torch.all(m.P["var"][real] == 1e-6) and torch.all(m.P["var"][~real] == 1.0)
     xx = np.array([[1e300] * 10, [-np.inf] + [0.0] * 9, [np.nan] * 10, [0.0] * 10])
-    assert torch.all(torch.isfinite(m.log_likelihood(xx)))
+    assert np.all(np.isfinite(m.log_likelihood(xx)))
     assert not np.any(np.isnan(m.mpe(xx))) and not np.any(np.isnan(m.sample(4, 0, evidence=xx)))
     st = m.em_statistics(xx)
     assert all(np.all(np.isfinite(v)) for v in st.to_arrays().values())

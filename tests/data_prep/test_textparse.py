@@ -11,6 +11,16 @@ SPECS = [ColumnSpec("age", "discrete"), ColumnSpec("job", "categorical"),
          ColumnSpec("id", "skip"), ColumnSpec("income", "target")]
 
 
+def test_a_discrete_column_holds_integers_only():
+    parser = DelimitedParser(SPECS)
+    with pytest.raises(UserError, match=r"f.csv line 2, field 'age': '2.7' is not an integer \(the column is "
+                                        r"declared discrete\)"):
+        parser.feed(["1, a, 0, x", "2.7, a, 0, y"], "f.csv")
+    parser = DelimitedParser(SPECS)
+    parser.feed(["1, a, 0, x", "2.0, a, 0, y", "-3, b, 0, y"], "f.csv")
+    assert parser.finish().column("age").tolist() == [1.0, 2.0, -3.0]
+
+
 def test_uci_style_files_share_one_category_coding():
     parser = DelimitedParser(SPECS, missing=frozenset({"?"}))
     parser.feed(["39, zeta, 7, <=50K", "50, ?, 8, >50K", ""], "a.data")
@@ -63,7 +73,7 @@ def test_undecodable_and_truncated_files_are_user_errors(tmp_path):
 
 
 def test_numbers_follow_float_and_late_categories_keep_sorted_codes():
-    lines = ["1_000, b, 0, y", "2, a, 0, x", " 3.5 , a, 0, x", "nan, ?, 0, x", "5, c, 0, y",
+    lines = ["1_000, b, 0, y", "2, a, 0, x", " 3.0 , a, 0, x", "nan, ?, 0, x", "5, c, 0, y",
              "6, b, 0, x", "7, a, 0, y", "x8, a, 0, y"]
     parser = DelimitedParser(SPECS, missing=frozenset({"?"}))
     with pytest.raises(UserError, match="f.csv line 8, field 'age': 'x8' is not a number"):
@@ -71,7 +81,7 @@ def test_numbers_follow_float_and_late_categories_keep_sorted_codes():
     parser = DelimitedParser(SPECS, missing=frozenset({"?"}))
     parser.feed(lines[:-1], "f.csv")
     out = parser.finish()
-    assert np.array_equal(out.column("age"), [1000, 2, 3.5, np.nan, 5, 6, 7], equal_nan=True)
+    assert np.array_equal(out.column("age"), [1000, 2, 3, np.nan, 5, 6, 7], equal_nan=True)
     assert out.categories["job"] == ["a", "b", "c"]
     assert np.array_equal(out.column("job"), [1, 0, 0, np.nan, 2, 1, 0], equal_nan=True)
     assert out.y.tolist() == [1, 0, 0, 0, 1, 0, 1]

@@ -11,18 +11,18 @@ from tests.einet.conftest import all_images, tiny
 def test_discrete_einet_sums_to_one_over_every_image(leaf, levels):
     model = tiny(leaf, levels)
     images = all_images(levels, 4)
-    assert float(torch.logsumexp(model.log_likelihood(images), 0)) == pytest.approx(0.0, abs=1e-12)
+    assert float(np.logaddexp.reduce(model.log_likelihood(images))) == pytest.approx(0.0, abs=1e-12)
     # Still normalised after an EM step moved every parameter.
     rng = np.random.default_rng(0)
     model.apply_em(model.em_statistics(images[rng.integers(0, len(images), 20)]))
-    assert float(torch.logsumexp(model.log_likelihood(images), 0)) == pytest.approx(0.0, abs=1e-12)
+    assert float(np.logaddexp.reduce(model.log_likelihood(images))) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_random_tree_einet_sums_to_one():
     cfg = EiNetConfig(num_sums=3, leaf="categorical", num_levels=2, dtype="float64", seed=4)
     model = EiNet.random_binary_trees(5, depth=2, repetitions=3, config=cfg)
     ll = model.log_likelihood(all_images(2, 5))
-    assert float(torch.logsumexp(ll, 0)) == pytest.approx(0.0, abs=1e-12)
+    assert float(np.logaddexp.reduce(ll)) == pytest.approx(0.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("shape", [(1, 2), (2, 1)])
@@ -35,7 +35,7 @@ def test_gaussian_einet_integrates_to_one(shape):
     grid = np.linspace(-2.5, 3.5, 401)
     xx, yy = np.meshgrid(grid, grid, indexing="ij")
     pts = np.stack([xx.ravel(), yy.ravel()], 1)
-    dens = torch.exp(model.log_likelihood(pts)).numpy().reshape(xx.shape)
+    dens = np.exp(model.log_likelihood(pts)).reshape(xx.shape)
     # Trapezoid rule: spectrally accurate for smooth densities that vanish at the borders.
     total = np.trapezoid(np.trapezoid(dens, grid, axis=1), grid)
     assert total == pytest.approx(1.0, abs=1e-6)
@@ -45,13 +45,13 @@ def test_gaussian_einet_integrates_to_one(shape):
 def test_marginalising_every_pixel_gives_zero(leaf, levels):
     model = tiny(leaf, levels)
     ll = model.log_likelihood(np.full((3, 4), np.nan))
-    assert torch.allclose(ll, torch.zeros(3, dtype=torch.float64), atol=1e-12)
+    assert np.allclose(ll, np.zeros(3), rtol=0, atol=1e-12)
 
 
 def test_nan_marginal_equals_sum_over_missing_pixels():
     model = tiny("categorical", 3)
     images = all_images(3, 4)
-    ll = model.log_likelihood(images).numpy()
+    ll = model.log_likelihood(images)
     # p(x0 = 2, x3 = 1) by enumeration vs. one pass with x1, x2 = NaN.
     keep = (images[:, 0] == 2) & (images[:, 3] == 1)
     expected = np.logaddexp.reduce(ll[keep])

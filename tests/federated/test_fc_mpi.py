@@ -15,7 +15,7 @@ import pytest
 from mpifc.federated.em import em_step
 from mpifc.federated.evaluate import log_likelihood
 from mpifc.federated.one_pass import build_single_process, cluster_id_dtype
-from mpifc.federated.serialize import load_fc
+from mpifc.federated.serialize import load_fc, seal
 from mpifc.fedpc.evaluate import batches, evaluate_gathered, make_query
 from mpifc.fedpc.protocol import CLIENT_ALLOWED
 from mpifc.fedpc.query import query_payload_bytes
@@ -235,6 +235,7 @@ def test_tree_with_one_server_end_to_end_and_root_away_from_rank_0(data, tmp_pat
     shutil.copy(model, bad)
     with h5py.File(bad, "a") as f:
         f["fc/nodes/rank"][fc.root] = 1
+    seal(bad)  # edited on purpose: the checksum would refuse it first
     for query in ([], ["--query", "mpe", "--out", str(tmp_path / "m.h5")]):
         r = run_mpi(4, JOB + ["evaluate", str(shards), "--model", str(bad), "--distributed", "--deadline", "60",
                               *query], timeout=50)
@@ -264,6 +265,7 @@ def test_hybrid_end_to_end_and_bad_psi(data, tmp_path):
     leaf = fc.leaves[0]
     with h5py.File(bad, "a") as f:
         f["fc/nodes/rank"][leaf.id] = 0
+    seal(bad)  # edited on purpose: the checksum would refuse it first
     r = run_mpi(3, JOB + ["evaluate", str(shards), "--model", str(bad), "--distributed"], timeout=120)
     assert r.returncode == 2, r.stderr
     assert f"leaf node {leaf.id} (client {leaf.leaf.client}) is placed on rank 0" in r.stderr

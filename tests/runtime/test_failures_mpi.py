@@ -60,10 +60,11 @@ def test_send_nobody_receives_hits_the_deadline():
             "'test.never' message (1048576 bytes) from rank 0") in r.stderr
 
 
-def test_wait_that_cannot_be_cancelled_is_aborted_by_the_watchdog():
+def test_barrier_nobody_else_enters_hits_the_deadline():
+    # A barrier cannot be cancelled, so the transport polls it (with sleeps) instead of waiting
+    # inside MPI, and ends the wait itself at the deadline.
     r, elapsed = _run(["barrier"], n=2)
     assert r.returncode != 0
     assert elapsed < 15, elapsed
     assert ("mpifc: rank 0: DeadlineExceeded: deadline of 1 s passed waiting for every rank to reach a barrier"
             in r.stderr)
-    assert "could not be cancelled" in r.stderr

@@ -279,8 +279,8 @@ class EiNet:
                 values = torch.cat([values, region], 0)
         return region[0, 0], {"values": values, "parts": parts_out}
 
-    def log_likelihood(self, x: ArrayLike) -> torch.Tensor:
-        """``log p(x)`` per row, ``(batch,)`` float64 nats; NaN entries are marginalised."""
+    def log_likelihood(self, x: ArrayLike) -> np.ndarray:
+        """``log p(x)`` per row, float64 ``(batch,)`` nats; NaN entries are marginalised."""
         xt = self._as_tensor(x)
         out = []
         with torch.no_grad():
@@ -289,8 +289,8 @@ class EiNet:
                 ll, _ = self._forward(leaf_values, self.einsum_weights, self.mixing_weights)
                 out.append(ll)
         if not out:
-            return torch.zeros(0, dtype=torch.float64)
-        return torch.cat(out).to("cpu", torch.float64)
+            return np.zeros(0)
+        return torch.cat(out).to("cpu", torch.float64).numpy()
 
     # ----------------------------------------------------------------------------- EM
     def em_statistics(self, x: ArrayLike, sample_weight: ArrayLike | None = None) -> EiNetStats:

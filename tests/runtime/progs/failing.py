@@ -5,8 +5,7 @@ Modes:
   usererror rank RANK raises UserError (exit code 2)
   deadline  rank 0 waits (deadline 1 s) for a 'test.never' message that rank 1 never sends
   sendstuck rank 0 sends 1 MiB (deadline 1 s) to rank 1, which never receives
-  barrier   rank 0 waits (deadline 1 s) in a barrier rank 1 never enters: not cancellable, so
-            the watchdog aborts the job
+  barrier   rank 0 waits (deadline 1 s) in a barrier rank 1 never enters
   cli       the mpifc console entry with `train` plugged to a handler that raises on rank RANK
 """
 from __future__ import annotations

@@ -1,0 +1,195 @@
+"""Rows in the user's units and labels <-> rows in model units: the preprocessing a model carries.
+
+A shard set's manifest holds everything needed to turn a user's raw row (CSV text, original
+units, category and class labels) into the float row a model was trained on, and back:
+:class:`RowCodec` is built from it (:meth:`RowCodec.from_manifest`), travels in the model
+file (:meth:`to_json`/:meth:`from_json`), and is what ``mpifc query`` and ``mpifc.load`` use.
+
+On the way in (:meth:`encode`) a missing cell or a column left out stays NaN: the model
+marginalises it, no value is imputed. On the way out (:meth:`decode`) real columns are unscaled,
+discrete ones rounded, and categorical columns and the target come back as their labels.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from mpifc.errors import UserError
+
+from .preprocess import Preprocessor
+
+MISSING_TOKENS = ("", "?", "NA", "NaN", "nan", "null", "None")
+"""Cell texts that mean "missing" in query rows."""
+
+
+class RowCodec:
+    """The model's columns (``features``, the target last if any) and how each maps to the user's.
+
+    Attributes:
+        features: model column names, in model order.
+        target: the target column, or None.
+        classes: the target's labels, ``classes[c]`` for class code ``c``.
+        preprocessor: the fitted transform of the non-target columns, or None (identity: the
+            model's units are the user's).
+    """
+
+    def __init__(self, features: Sequence[str], target: str | None = None, classes: Sequence[Any] | None = None,
+                 preprocessor: Preprocessor | None = None) -> None:
+        self.features = [str(f) for f in features]
+        self.target = target
+        self.classes = None if classes is None else [str(c) for c in classes]
+        self.preprocessor = preprocessor
+        self._pos = {f: j for j, f in enumerate(preprocessor.features)} if preprocessor else {}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> "RowCodec":
+        """The codec of a shard set (``manifest.json`` as a dict)."""
+        pre = manifest.get("preprocessing")
+        return cls(manifest["feature_order"], manifest.get("target"), manifest.get("classes"),
+                   Preprocessor.from_json(pre) if pre and pre.get("columns") else None)
+
+    def to_json(self) -> dict:
+        """JSON-ready state (what a model file stores)."""
+        pre = None
+        if self.preprocessor is not None:
+            pre = self.preprocessor.to_json()
+        return {"format": "mpifc-codec/1", "features": self.features, "target": self.target,
+                "classes": self.classes, "preprocessing": pre}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RowCodec":
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            UserError: a malformed codec.
+        """
+        try:
+            pre = data.get("preprocessing")
+            return cls(data["features"], data.get("target"), data.get("classes"),
+                       Preprocessor.from_json(pre) if pre else None)
+        except (KeyError, TypeError) as exc:
+            raise UserError(f"codec: malformed ({exc})") from None
+
+    # ------------------------------------------------------------------ columns
+    def labels(self, name: str) -> list[str] | None:
+        """The labels of a categorical column or of the target (None for a numeric column)."""
+        if name == self.target:
+            return self.classes
+        if self.preprocessor is not None and name in self._pos:
+            return self.preprocessor.categories.get(name) if self._is_categorical(name) else None
+        return None
+
+    def _is_categorical(self, name: str) -> bool:
+        col = self.preprocessor.columns[self._pos[name]]
+        return col.raw_meta_type == "categorical"
+
+    def is_label_column(self, name: str) -> bool:
+        """Whether ``name`` holds labels (a categorical feature or the target) in user units."""
+        return self.labels(name) is not None
+
+    # ------------------------------------------------------------------ user -> model
+    def encode(self, columns: Mapping[str, Sequence[Any] | np.ndarray], source: str = "input",
+               first_row: int = 1) -> np.ndarray:
+        """User rows as model rows ``(n, len(features))`` float64; NaN = missing (marginalised).
+
+        Args:
+            columns: column name -> values in user units (text, numbers or labels; a missing cell
+                is ``None``, NaN or one of :data:`MISSING_TOKENS`). Any subset of
+                :attr:`features`, all of one length.
+            source: the file or object the rows came from (for error messages).
+            first_row: the number of the first row in ``source`` (error messages name rows).
+
+        Raises:
+            UserError: an unknown column, a non-numeric value in a numeric column, or a label
+                never seen in training, naming ``source``, the row and the column.
+        """
+        unknown = [c for c in columns if c not in self.features]
+        if unknown:
+            raise UserError(f"{source}: unknown column {unknown[0]!r}; the model's columns are "
+                            f"{', '.join(self.features)}")
+        lengths = {len(v) for v in columns.values()}
+        if len(lengths) > 1:
+            raise UserError(f"{source}: columns have different lengths {sorted(lengths)}")
+        n = lengths.pop() if lengths else 0
+        raw = np.full((n, len(self.features)), np.nan)
+        for j, name in enumerate(self.features):
+            if name in columns:
+                raw[:, j] = self._raw_column(name, columns[name], source, first_row)
+        if self.preprocessor is not None and self.preprocessor.features:
+            idx = [self.features.index(f) for f in self.preprocessor.features if f in self.features]
+            cols = [self._pos[self.features[j]] for j in idx]
+            block = raw[:, idx]
+            self.preprocessor.transform_inplace(block, columns=cols, impute=False)
+            raw[:, idx] = block
+        return raw
+
+    def _raw_column(self, name: str, values: Sequence[Any] | np.ndarray, source: str, first_row: int) -> np.ndarray:
+        labels = self.labels(name)
+        out = np.full(len(values), np.nan)
+        index = {lab: c for c, lab in enumerate(labels)} if labels is not None else None
+        for i, v in enumerate(values):
+            if _is_missing(v):
+                continue
+            if index is not None:
+                key = _label_text(v)
+                if key not in index:
+                    shown = ", ".join(labels[:8]) + (", ..." if len(labels) > 8 else "")
+                    raise UserError(f"{source}: row {first_row + i}, column {name!r}: category {key!r} was "
+                                    f"never seen in training (known: {shown})")
+                out[i] = index[key]
+            else:
+                try:
+                    x = float(v)
+                except (TypeError, ValueError):
+                    raise UserError(f"{source}: row {first_row + i}, column {name!r}: {v!r} is not a number") from None
+                if not math.isfinite(x):
+                    raise UserError(f"{source}: row {first_row + i}, column {name!r}: {v!r} is not a finite number")
+                out[i] = x
+        return out
+
+    # ------------------------------------------------------------------ model -> user
+    def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Model rows ``(n, len(features))`` in user units: ``{column: (n,)}``, float64 for numeric
+        columns (NaN = missing) and object arrays of labels (None = missing) for label columns."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(self.features):
+            raise UserError(f"rows have shape {x.shape}, expected (n, {len(self.features)}) over {self.features}")
+        raw = x.copy()
+        if self.preprocessor is not None and self.preprocessor.features:
+            idx = [self.features.index(f) for f in self.preprocessor.features if f in self.features]
+            cols = [self._pos[self.features[j]] for j in idx]
+            raw[:, idx] = self.preprocessor.inverse_transform(raw[:, idx], columns=cols)
+        out: dict[str, np.ndarray] = {}
+        for j, name in enumerate(self.features):
+            labels = self.labels(name)
+            if labels is None:
+                out[name] = raw[:, j]
+                continue
+            col = np.empty(len(raw), dtype=object)
+            for i, v in enumerate(raw[:, j]):
+                col[i] = None if math.isnan(v) else labels[min(max(int(round(v)), 0), len(labels) - 1)]
+            out[name] = col
+        return out
+
+
+def _is_missing(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, str):
+        return v.strip() in MISSING_TOKENS
+    try:
+        return bool(np.isnan(v))
+    except TypeError:
+        return False
+
+
+def _label_text(v: Any) -> str:
+    """A label as the text it is compared by: ``1.0`` and ``"1"`` name the same class."""
+    if isinstance(v, str):
+        return v.strip()
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)

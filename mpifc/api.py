@@ -1,0 +1,279 @@
+"""The Python API: a trained federated circuit as an object, in one process, without MPI.
+
+    import mpifc
+    fc = mpifc.load("fc.h5")
+    fc.features, fc.classes
+    fc.predict_proba(df)            # (n, k) rows summing to 1, columns in the order of fc.classes
+    fc.predict(df)                  # labels
+    fc.log_likelihood(df)           # (n,) nats; empty cells and left-out columns are marginalised
+    fc.marginal(df, keep=["age"])   # log p(age) alone
+    fc.mpe(df); fc.sample(10, seed=0)
+
+``X`` is a pandas DataFrame (or a dict of columns) in the user's units and labels, matched by
+column name, or a numpy array ``(n, len(features))`` in model units and :attr:`features` order
+(NaN = missing). Every method returns numpy arrays: rows come back in the units of the input
+(object arrays of user values and labels for a DataFrame, float64 model units for an array).
+
+:func:`simulate` runs one-pass training in this process: the same model as ``mpiexec ... mpifc
+train`` for the same shards, settings and seed, without MPI.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from mpifc.errors import UserError
+
+__all__ = ["FederatedModel", "load", "simulate"]
+
+
+class FederatedModel:
+    """A trained federated circuit with its preprocessing (see the module docstring).
+
+    Attributes:
+        features: the model's columns, in model order (the target last, if any).
+        target: the target column, or None.
+        classes: the target's labels (the columns of :meth:`predict_proba`), or None.
+    """
+
+    def __init__(self, fc: Any, codec: Any = None, path: str | None = None) -> None:
+        from data_prep.codec import RowCodec
+
+        self.fc = fc
+        self.path = path
+        stored = fc.meta.get("codec") if codec is None else None
+        if codec is None:
+            codec = RowCodec.from_json(stored) if stored else RowCodec(fc.features, fc.target, _default_classes(fc))
+        self.codec = codec
+        if list(codec.features) != list(fc.features):
+            codec.features = list(fc.features)  # model column order rules; the codec maps by name
+
+    # ------------------------------------------------------------------ description
+    @property
+    def features(self) -> list[str]:
+        return list(self.fc.features)
+
+    @property
+    def target(self) -> str | None:
+        return self.fc.target
+
+    @property
+    def classes(self) -> list[str] | None:
+        return None if self.target is None else list(self.codec.classes or _default_classes(self.fc))
+
+    def __repr__(self) -> str:
+        return (f"FederatedModel({self.path or 'in memory'}: {len(self.fc.clients)} clients, "
+                f"{len(self.features)} features, target {self.target!r})")
+
+    # ------------------------------------------------------------------ conversions
+    def encode(self, X: Any, source: str = "input") -> np.ndarray:
+        """``X`` (DataFrame or dict of columns, user units) as model rows ``(n, D)``; an array
+        passes through after a shape check."""
+        rows, _ = self._rows(X, source)
+        return rows
+
+    def decode(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Model rows ``(n, D)`` as ``{column: values}`` in user units and labels."""
+        return self.codec.decode(rows)
+
+    def _rows(self, X: Any, source: str = "input") -> tuple[np.ndarray, bool]:
+        """``(model rows (n, D), whether X was in user units)``."""
+        if isinstance(X, np.ndarray) and X.dtype != object:
+            arr = np.asarray(X, dtype=np.float64)
+            if arr.ndim != 2 or arr.shape[1] != len(self.features):
+                raise UserError(f"{source}: an array needs shape (n, {len(self.features)}) over {self.features} "
+                                f"in model units, got {arr.shape}; pass a DataFrame for user units")
+            return arr, False
+        if _is_dataframe(X):
+            cols = {str(c): X[c].tolist() for c in X.columns}
+        elif isinstance(X, Mapping):
+            cols = {str(k): list(np.asarray(v, dtype=object).reshape(-1)) for k, v in X.items()}
+        else:
+            raise UserError(f"{source}: expected a pandas DataFrame, a dict of columns or a numpy array, "
+                            f"got {type(X).__name__}")
+        return self.codec.encode(cols, source=source), True
+
+    def _out_rows(self, rows: np.ndarray, user: bool) -> np.ndarray:
+        if not user:
+            return rows
+        dec = self.codec.decode(rows)
+        out = np.empty(rows.shape, dtype=object)
+        for j, f in enumerate(self.features):
+            out[:, j] = dec[f]
+        return out
+
+    # ------------------------------------------------------------------ queries
+    def log_likelihood(self, X: Any) -> np.ndarray:
+        """``log p(x)`` per row, float64 ``(n,)`` nats (model units: densities of standardised
+        real columns); missing cells are marginalised."""
+        from mpifc.federated.evaluate import log_likelihood
+
+        rows, _ = self._rows(X)
+        return np.asarray(log_likelihood(self.fc, rows), dtype=np.float64)
+
+    def marginal(self, X: Any, keep: Sequence[str]) -> np.ndarray:
+        """``log p(x_keep)`` per row, float64 ``(n,)`` nats: every other column marginalised."""
+        rows, _ = self._rows(X)
+        keep = list(keep)
+        unknown = [k for k in keep if k not in self.features]
+        if unknown:
+            raise UserError(f"keep: unknown column {unknown[0]!r}; the model's columns are {', '.join(self.features)}")
+        masked = np.full_like(rows, np.nan)
+        idx = [self.features.index(k) for k in keep]
+        masked[:, idx] = rows[:, idx]
+        from mpifc.federated.evaluate import log_likelihood
+
+        return np.asarray(log_likelihood(self.fc, masked), dtype=np.float64)
+
+    def predict_proba(self, X: Any, target: str | None = None) -> np.ndarray:
+        """``p(target = c | the rest of the row)`` ``(n, k)``; rows sum to 1, columns in the order
+        of :attr:`classes` (of ``target``'s labels when another discrete column is named)."""
+        from mpifc.federated.evaluate import predict_log_proba
+
+        rows, _ = self._rows(X)
+        t = self.resolve_target(target)
+        rows = rows.copy()
+        rows[:, self.features.index(t)] = np.nan
+        return np.exp(predict_log_proba(self.fc, rows, t))
+
+    def predict(self, X: Any, target: str | None = None) -> np.ndarray:
+        """The most probable label of ``target`` per row ``(n,)`` (labels, not codes)."""
+        t = self.resolve_target(target)
+        codes = np.argmax(self.predict_proba(X, t), axis=1)
+        labels = self.codec.labels(t)
+        if labels is None:
+            return codes.astype(np.int64)
+        return np.array([labels[c] for c in codes], dtype=object)
+
+    def mpe(self, X: Any) -> np.ndarray:
+        """The most probable completion of every row's missing cells ``(n, D)``; observed cells are
+        kept. In the units of ``X``."""
+        from mpifc.federated.mpe import mpe_reference
+
+        rows, user = self._rows(X)
+        cols = {f: rows[:, j] for j, f in enumerate(self.features)}
+        return self._out_rows(mpe_reference(self.fc, cols), user)
+
+    def sample(self, n: int, evidence: Any = None, seed: int | None = None, units: str = "user") -> np.ndarray:
+        """``n`` samples ``(n, D)``; with ``evidence`` (``n`` rows, missing cells free), from the
+        conditional given each row's observed cells, which are kept.
+
+        Args:
+            n: the number of samples (the number of evidence rows, if given).
+            evidence: rows in the units of the output (DataFrame: user units; array: model units).
+            seed: the same seed gives the same samples (here and in ``mpifc query``).
+            units: without evidence, ``"user"`` (object array of user values and labels) or
+                ``"model"`` (float64).
+        """
+        from mpifc.federated.mpe import sample_conditional_seeded, sample_seeded
+
+        if units not in ("user", "model"):
+            raise UserError(f"units must be 'user' or 'model', not {units!r}")
+        seed = 0 if seed is None else int(seed)
+        if evidence is None:  # as ``mpifc evaluate --query sample`` draws them
+            return self._out_rows(sample_seeded(self.fc, int(n), seed), units == "user")
+        rows, user = self._rows(evidence, "evidence")
+        if len(rows) != int(n):
+            raise UserError(f"evidence has {len(rows)} rows, but n = {n}")
+        cols = {f: rows[:, j] for j, f in enumerate(self.features)}
+        return self._out_rows(sample_conditional_seeded(self.fc, cols, seed), user)
+
+    def resolve_target(self, target: str | None) -> str:
+        """``target``, or the model's own target when None (UserError if there is none)."""
+        t = target or self.target
+        if t is None:
+            raise UserError("this model has no target column; name one with target=")
+        if t not in self.features:
+            raise UserError(f"target {t!r} is not a column of the model ({', '.join(self.features)})")
+        return t
+
+
+def _default_classes(fc: Any) -> list[str] | None:
+    if fc.target is None:
+        return None
+    return [str(c) for c in range(int(fc.n_categories.get(fc.target, 0) or 0))]
+
+
+def _is_dataframe(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "pandas" and hasattr(x, "columns")
+
+
+def load(path: str | os.PathLike) -> FederatedModel:
+    """A model file written by ``mpifc train`` (or :func:`simulate`), ready to query.
+
+    Raises:
+        UserError: a file that is not an mpifc model, naming it.
+    """
+    from mpifc.federated.serialize import load_fc
+
+    fc = load_fc(path, load_models=True)
+    fc.validate(require_models=True)
+    return FederatedModel(fc, path=str(path))
+
+
+def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str | None = None,
+             clusters: int | None = None, preset: str = "adaptive", products: int = 4, seed: int = 0, hyperparameters: Mapping[str, Any] | None = None,
+             client_learners: Mapping[int, str] | None = None, assign: str = "flat", servers: int = 0,
+             model: str | os.PathLike | None = None) -> FederatedModel:
+    """One-pass FedPC training in this process, as ``mpifc train`` does it over MPI.
+
+    Every client's fit runs the same code, on the same rows, with the same plan and seeds as in
+    the MPI job, so the model equals the one ``mpiexec -n C+1 mpifc train SHARDS`` writes with
+    the same settings (its parameters, structure and answers; the file's timings differ).
+
+    Args:
+        shards: a shard folder written by ``python -m data_prep``.
+        learner, glue, clusters, preset, products, seed, hyperparameters, client_learners, assign,
+            servers: as the flags of ``mpifc train`` (``hyperparameters`` = ``--hp``, checked;
+            ``glue`` and ``clusters`` None: the preset's, as when the flags are not given).
+        model: also write the model file here (atomically).
+    """
+    from data_prep.shards import load_manifest
+    from mpifc.federated.assign import assign as assign_psi
+    from mpifc.federated.assign import client_rank_map
+    from mpifc.federated.hyperparameters import check_hyperparameters
+    from mpifc.federated.one_pass import insert_models
+    from mpifc.federated.serialize import save_fc
+    from mpifc.fedpc.data import read_client_data
+    from mpifc.fedpc.train import builder_from_config, client_plan, fit_client, model_codec
+
+    from mpifc.federated.defaults import PRESETS
+    from mpifc.federated.one_pass import record_hyperparameters
+
+    if preset not in PRESETS:
+        raise UserError(f"preset={preset!r}: expected one of {', '.join(PRESETS)}")
+    learners = {int(k): v for k, v in (client_learners or {}).items()}
+    hp = dict(hyperparameters or {})
+    if preset == "paper":
+        from mpifc.experiments.paper import paper_preset
+
+        table, table_glue = paper_preset(str(shards))
+        hp = {**table, **hp}  # explicit settings win
+        glue = glue or table_glue
+    if clusters is None and preset != "adaptive":
+        clusters = 2
+    hp = check_hyperparameters(hp, [learner, *learners.values()], flag="hyperparameters")
+    if assign == "tree" and servers < 1:
+        raise UserError("assign='tree' needs servers >= 1")
+    cfg = {"clusters": clusters, "products": products, "glue": glue or "random", "seed": seed, "learner": learner,
+           "client_learners": learners, "hyperparameters": hp,
+           "defaults": "adaptive" if preset == "adaptive" else "learner"}
+    m = load_manifest(shards)
+    datas = [read_client_data(shards, c) for c in range(m.n_clients)]
+    builder = builder_from_config(cfg)
+    plan = builder.plan([d.declaration for d in datas], m.feature_order, m.target, m.setting)
+    reports = [fit_client(client_plan(plan, c), c, d) for c, d in enumerate(datas)]
+    n_servers = servers if assign == "tree" else 0
+    ranks = client_rank_map(range(m.n_clients), n_servers)
+    fc = builder.assemble(plan, reports, ranks)
+    assign_psi(fc, assign, n_servers)
+    insert_models(fc, {(r.client, leaf.subspace, leaf.cluster): leaf.model for r in reports for leaf in r.leaves})
+    fc.validate(require_models=True)
+    record_hyperparameters(fc)
+    fc.meta.update(codec=model_codec(m), simulated=True, preset=preset)
+    if model is not None:
+        save_fc(fc, model)
+    return FederatedModel(fc, path=None if model is None else str(Path(model)))
