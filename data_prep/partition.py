@@ -35,11 +35,15 @@ class ClientPart:
         train_rows: ``(n_train,)`` int64 table positions, ascending.
         test_rows: ``(n_test,)`` int64 table positions of its held-out rows, ascending.
         features: names of its columns, in column order (target last when held).
+        valid_rows: ``(n_valid,)`` int64 table positions of its validation rows (the dataset's
+            own validation split, drawn by the same rule as its train rows), ascending; empty
+            when the dataset has none.
     """
 
     train_rows: np.ndarray
     test_rows: np.ndarray
     features: tuple[str, ...]
+    valid_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 @dataclass(frozen=True)
@@ -290,34 +294,42 @@ def _check_spec(spec: PartitionSpec, has_labels: bool, has_segments: bool) -> No
 
 
 def split_samples(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.ndarray,
-                  labels: np.ndarray | None, weights: np.ndarray | None
-                  ) -> tuple[list[np.ndarray], list[np.ndarray], dict]:
-    """Train and test rows split among clients by ``spec.split``.
+                  labels: np.ndarray | None, weights: np.ndarray | None,
+                  valid_rows: np.ndarray | None = None
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], dict, list[np.ndarray]]:
+    """Train, test and validation rows split among clients by ``spec.split``.
 
-    The test rows follow the same rule as the train rows (same class owners, same Dirichlet
-    shares, same segment weights), so a client's test rows look like its train rows.
+    The test and validation rows follow the same rule as the train rows (same class owners,
+    same Dirichlet shares, same segment weights), so a client's held-out rows look like its
+    train rows. Each kind of row draws from its own generator: adding validation rows never
+    moves a train or test row.
 
     Args:
         labels: ``(n_rows,)`` class codes by table position, or None.
         weights: ``(n_rows, n_clients)`` segment weights by table position, or None.
+        valid_rows: table positions of the validation rows, or None (none).
 
     Returns:
-        ``(train_parts, test_parts, info)``.
+        ``(train_parts, test_parts, info, valid_parts)``.
     """
     n = spec.n_clients
-    r_train, r_test = stage_rng(spec.seed, 1), stage_rng(spec.seed, 2)
+    r_train, r_test, r_valid = stage_rng(spec.seed, 1), stage_rng(spec.seed, 2), stage_rng(spec.seed, 9)
+    valid = np.empty(0, np.int64) if valid_rows is None else valid_rows
     info: dict = {}
     if spec.split == "iid":
-        return split_iid(train_rows, n, r_train), split_iid(test_rows, n, r_test), info
+        return (split_iid(train_rows, n, r_train), split_iid(test_rows, n, r_test), info,
+                split_iid(valid, n, r_valid))
     if spec.split == "segment":
         return (split_by_weights(train_rows, weights[train_rows], r_train),
-                split_by_weights(test_rows, weights[test_rows], r_test), info)
+                split_by_weights(test_rows, weights[test_rows], r_test), info,
+                split_by_weights(valid, weights[valid], r_valid))
     n_classes = int(labels.max()) + 1
     if spec.split == "label":
         owners = class_owners(n_classes, n, stage_rng(spec.seed, 4))
         info["class_owners"] = owners
         return (split_by_label(train_rows, labels[train_rows], owners, n, r_train),
-                split_by_label(test_rows, labels[test_rows], owners, n, r_test), info)
+                split_by_label(test_rows, labels[test_rows], owners, n, r_test), info,
+                split_by_label(valid, labels[valid], owners, n, r_valid))
     # Small alphas often leave a client empty; redraw (deterministically) as is customary,
     # and give up with the usual empty-client error after DIRICHLET_DRAWS draws.
     r_props = stage_rng(spec.seed, 5)
@@ -328,8 +340,8 @@ def split_samples(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.nda
             break
     info["dirichlet_proportions"] = np.round(props, 6).tolist()
     info["dirichlet_draws"] = draw
-    return (train_parts, split_by_proportions(test_rows, labels[test_rows], props, r_test),
-            info)
+    return (train_parts, split_by_proportions(test_rows, labels[test_rows], props, r_test), info,
+            split_by_proportions(valid, labels[valid], props, r_valid))
 
 
 def split_feature_sets(spec: PartitionSpec, features: list[str],
@@ -355,7 +367,8 @@ def split_feature_sets(spec: PartitionSpec, features: list[str],
 def make_partition(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.ndarray,
                    features: list[str], target: str | None, labels: np.ndarray | None = None,
                    image_shape: tuple[int, int] | None = None,
-                   segment_weights: np.ndarray | None = None) -> Partition:
+                   segment_weights: np.ndarray | None = None,
+                   valid_rows: np.ndarray | None = None) -> Partition:
     """Partition a table's rows and features among clients.
 
     Args:
@@ -366,6 +379,9 @@ def make_partition(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.nd
         labels: ``(n_rows,)`` class codes by table position (needed by label/dirichlet).
         image_shape: ``(h, w)`` when the features are ``px_r_c`` pixels (patch splits).
         segment_weights: ``(n_rows, n_clients)`` for ``split="segment"``.
+        valid_rows: table positions of the dataset's own validation rows (disjoint from the
+            train and test rows), or None; split among clients as the train rows are (central
+            and vertical: every client holds all of them).
 
     Raises:
         UserError: inconsistent flags, or a client left without train rows or features.
@@ -378,13 +394,14 @@ def make_partition(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.nd
         raise UserError("--shared-features applies to hybrid splits of tables only")
     train_rows = np.sort(np.asarray(train_rows, dtype=np.int64))
     test_rows = np.sort(np.asarray(test_rows, dtype=np.int64))
+    valid = np.sort(np.asarray([] if valid_rows is None else valid_rows, dtype=np.int64))
     n = spec.n_clients
     info: dict = {}
     if spec.setting in ("central", "vertical"):
-        train_parts, test_parts = [train_rows] * n, [test_rows] * n
+        train_parts, test_parts, valid_parts = [train_rows] * n, [test_rows] * n, [valid] * n
     else:
-        train_parts, test_parts, info = split_samples(spec, train_rows, test_rows, labels,
-                                                      segment_weights)
+        train_parts, test_parts, info, valid_parts = split_samples(
+            spec, train_rows, test_rows, labels, segment_weights, valid)
     if spec.setting in ("central", "horizontal"):
         feature_sets = [list(features)] * n
     else:
@@ -402,6 +419,6 @@ def make_partition(spec: PartitionSpec, train_rows: np.ndarray, test_rows: np.nd
                             f"rows, {n} clients): use fewer --clients or another split")
         if not feats:
             raise UserError(f"client {i} would get no features")
-        clients.append(ClientPart(train_parts[i], test_parts[i], tuple(feats)))
+        clients.append(ClientPart(train_parts[i], test_parts[i], tuple(feats), valid_parts[i]))
     info["label_owner"] = owner
     return Partition(spec.setting, tuple(clients), info)

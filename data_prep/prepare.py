@@ -1,4 +1,4 @@
-"""The pipeline: load -> subsample -> train/test split -> fit preprocessing -> partition.
+"""The pipeline: load -> subsample -> train/valid/test split -> fit preprocessing -> partition.
 
 ``prepare(...)`` returns a :class:`PreparedData` that builds each client's shard in memory on
 demand; ``shards.write_shards(prepared, out_dir)`` writes them. Tests and experiments use
@@ -25,6 +25,9 @@ PREPROCESSING = f"levels{MAX_LEVELS}-autoscale"
 """Names the default preprocessing of tables (level codes for columns with at most
 :data:`~data_prep.transforms.MAX_LEVELS` values, each real column's scale chosen on validation
 rows); experiments put it in their shard folders' names."""
+VALID_MODES = ("keep", "merge")
+"""``--valid``: a dataset's own validation split is kept apart (each client's ``valid/`` rows,
+never trained on) or merged into the training rows (shards without ``valid/`` groups)."""
 _GATHER_ROWS = 4096  # rows copied per step when building a shard (bounds the temporaries)
 
 
@@ -53,6 +56,7 @@ class PrepConfig:
     overlap: int = 2
     segments: tuple[str, ...] = field(default_factory=tuple)
     oversample: float = 4.0
+    valid: str = "keep"
 
     def partition_spec(self) -> PartitionSpec:
         return PartitionSpec(setting=self.setting, n_clients=self.clients, seed=self.seed,
@@ -85,31 +89,46 @@ def stratified_pick(groups: np.ndarray, k: int, rng: np.random.Generator) -> np.
     return np.sort(np.concatenate(picked)) if picked else np.empty(0, np.int64)
 
 
-def _groups(table: RawTable) -> np.ndarray:
-    """Strata for subsampling: own split x class (classes alone if no own split)."""
+def _groups(table: RawTable, valid: str = "keep") -> np.ndarray:
+    """Strata for subsampling: own split x class (classes alone if no own split); the own
+    validation split is a stratum of its own only when it is kept apart (``valid="keep"``)."""
     g = np.zeros(table.n_rows, dtype=np.int64) if table.y is None else table.y.copy()
     if table.own_test is not None:
         g = g * 2 + table.own_test
+    if table.own_valid is not None and valid == "keep":
+        g = g * 2 + table.own_valid
     return g
 
 
-def split_train_test(table: RawTable, test_fraction: float | None, seed: int
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Train and test row positions.
+def split_valid(table: RawTable, valid: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(pool, valid_rows)``: the positions left for the train/test split and the dataset's own
+    validation rows (none with ``valid="merge"`` or when the dataset has no validation split)."""
+    if valid not in VALID_MODES:
+        raise UserError(f"--valid must be one of {', '.join(VALID_MODES)}, not {valid!r}")
+    if valid == "merge" or table.own_valid is None:
+        return np.arange(table.n_rows), np.empty(0, np.int64)
+    return np.flatnonzero(~table.own_valid), np.flatnonzero(table.own_valid)
+
+
+def split_train_test(table: RawTable, test_fraction: float | None, seed: int,
+                     pool: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test row positions among ``pool`` (default: every row).
 
     The dataset's own split is used unless ``test_fraction`` is given; otherwise a
-    stratified ``test_fraction`` (default 0.2) of the rows is held out.
+    stratified ``test_fraction`` (default 0.2) of the pool is held out.
     """
+    rows = np.arange(table.n_rows) if pool is None else np.asarray(pool, dtype=np.int64)
     if test_fraction is None and table.own_test is not None:
-        return np.flatnonzero(~table.own_test), np.flatnonzero(table.own_test)
+        own = table.own_test[rows]
+        return rows[~own], rows[own]
     frac = DEFAULT_TEST_FRACTION if test_fraction is None else test_fraction
     if not 0 < frac < 1:
         raise UserError(f"--test-fraction must be between 0 and 1, got {frac}")
-    groups = np.zeros(table.n_rows, np.int64) if table.y is None else table.y
-    test = stratified_pick(groups, int(round(frac * table.n_rows)), stage_rng(seed, 7))
-    mask = np.zeros(table.n_rows, dtype=bool)
+    groups = np.zeros(rows.size, np.int64) if table.y is None else table.y[rows]
+    test = stratified_pick(groups, int(round(frac * rows.size)), stage_rng(seed, 7))
+    mask = np.zeros(rows.size, dtype=bool)
     mask[test] = True
-    return np.flatnonzero(~mask), test
+    return rows[~mask], rows[test]
 
 
 def _target_meta(table: RawTable) -> dict:
@@ -127,19 +146,23 @@ class PreparedData:
         preprocessor: fitted on ``train_rows`` only.
         partition: the clients' rows and features.
         train_rows, test_rows: table positions of the train and test rows.
+        valid_rows: table positions of the dataset's own validation rows (empty when it has
+            none, or with ``--valid merge``: then they are train rows).
         missing: feature -> ``{"train": count, "test": count}`` of missing values before
             imputation (features without any are left out).
     """
 
     def __init__(self, config: PrepConfig, table: RawTable, preprocessor: Preprocessor,
                  partition: Partition, train_rows: np.ndarray, test_rows: np.ndarray,
-                 missing: dict[str, dict[str, int]], segment_info: list[dict] | None) -> None:
+                 missing: dict[str, dict[str, int]], segment_info: list[dict] | None,
+                 valid_rows: np.ndarray | None = None) -> None:
         self.config = config
         self.table = table
         self.preprocessor = preprocessor
         self.partition = partition
         self.train_rows = train_rows
         self.test_rows = test_rows
+        self.valid_rows = np.empty(0, np.int64) if valid_rows is None else valid_rows
         self.missing = missing
         self.segment_info = segment_info
         self.n_clients = len(partition.clients)
@@ -190,7 +213,9 @@ class PreparedData:
                            x_train=self._block(part.train_rows, names),
                            ids_train=self.table.ids[part.train_rows],
                            x_test=self._block(part.test_rows, names),
-                           ids_test=self.table.ids[part.test_rows])
+                           ids_test=self.table.ids[part.test_rows],
+                           x_valid=self._block(part.valid_rows, names),
+                           ids_valid=self.table.ids[part.valid_rows])
 
     def test_set(self) -> TestSet:
         """The whole held-out test set over :attr:`feature_order`."""
@@ -211,6 +236,7 @@ class PreparedData:
                   "feature_order": self.feature_order, "preprocessing": pre,
                   "label_owner": info.pop("label_owner"), "partition": info,
                   "n_train": int(self.train_rows.size), "n_test": int(self.test_rows.size),
+                  "n_valid": int(self.valid_rows.size),
                   "source": {"files": t.source_files, "splits": t.source_splits},
                   "config": _json_config(c)}
         if t.image_shape is not None:
@@ -243,15 +269,18 @@ def _missing_counts(table: RawTable, train: np.ndarray, test: np.ndarray
 
 def prepare_table(table: RawTable, config: PrepConfig) -> PreparedData:
     """Run the pipeline on an already loaded table (see :func:`prepare`)."""
+    if config.valid not in VALID_MODES:
+        raise UserError(f"--valid must be one of {', '.join(VALID_MODES)}, not {config.valid!r}")
     if config.max_rows is not None:
         if config.max_rows < 1:
             raise UserError(f"--max-rows must be >= 1, got {config.max_rows}")
         if config.max_rows < table.n_rows:
-            table = table.take(stratified_pick(_groups(table), config.max_rows,
+            table = table.take(stratified_pick(_groups(table, config.valid), config.max_rows,
                                                stage_rng(config.seed, 6)))
     if config.max_levels is not None and config.max_levels < 0:
         raise UserError(f"--max-levels must be >= 0, got {config.max_levels}")
-    train, test = split_train_test(table, config.test_fraction, config.seed)
+    pool, valid = split_valid(table, config.valid)
+    train, test = split_train_test(table, config.test_fraction, config.seed, pool)
     if train.size == 0:
         raise UserError(f"{table.name}: no training rows left (raise --max-rows)")
     standardize = table.standardize_default if config.standardize is None else config.standardize
@@ -270,7 +299,7 @@ def prepare_table(table: RawTable, config: PrepConfig) -> PreparedData:
         raise UserError("--segment is only used with --split segment")
     partition = make_partition(config.partition_spec(), train, test, list(table.features),
                                table.target, labels=table.y, image_shape=table.image_shape,
-                               segment_weights=weights)
+                               segment_weights=weights, valid_rows=valid)
     segment_info = None
     if matches is not None:
         segment_info = [{"predicate": text, "oversample": config.oversample,
@@ -279,7 +308,7 @@ def prepare_table(table: RawTable, config: PrepConfig) -> PreparedData:
                              matches[partition.clients[i].train_rows, i].mean()), 6)}
                         for i, text in enumerate(config.segments)]
     return PreparedData(config, table, pre, partition, train, test,
-                        _missing_counts(table, train, test), segment_info)
+                        _missing_counts(table, train, test), segment_info, valid)
 
 
 def prepare(**kwargs) -> PreparedData:

@@ -15,7 +15,7 @@ A shard directory ``DIR`` holds::
                          "raw_meta_type": ..., "n_categories": k | null}},
      "feature_order": [every name, canonical order, target last],
      "clients": [{"index": i, "file": "client-<i>.h5", "features": [names, column order],
-                  "n_train": n, "n_test": m, "sha256": hex}],
+                  "n_train": n, "n_test": m, "n_valid": v, "sha256": hex}],
      "test": {"file": "test.h5", "n": m, "sha256": hex},
      "label_owner": 0 | "all",
      "preprocessing": {"encode", "impute", "standardize", "fitted_on": "train",
@@ -31,7 +31,7 @@ A shard directory ``DIR`` holds::
                        "missing": {name: {"train": count, "test": count}}},
      "partition": {those that apply: "class_owners", "dirichlet_proportions",
                    "dirichlet_draws", "segments", "shared_features", "patches", "overlap"},
-     "n_train": total train rows, "n_test": total test rows,
+     "n_train": total train rows, "n_test": total test rows, "n_valid": total validation rows,
      "source": {"files": [...], "splits": {"train": [lo, hi), ...}}  (id ranges),
      "image": {"shape": [h, w], "levels": L, "range": [0, L - 1], "file_scale": s}
               (images only),
@@ -43,7 +43,13 @@ clients hold the same ids in the same order), ``test/x`` float64 ``(n_test, d_i)
 client's held-out rows, its own features only: all test rows for vertical clients, and in
 horizontal and hybrid settings the test rows drawn by the same rule as its train rows, so a
 label-split client's test rows hold its classes), ``test/ids`` int64 ``(n_test,)``; attributes
-``features`` and ``meta_types`` (JSON lists), ``client_index`` and ``format``.
+``features`` and ``meta_types`` (JSON lists), ``client_index`` and ``format``. Where the dataset
+has a validation split of its own (DEBD's ``NAME.valid``) and ``--valid keep`` (the default),
+also ``valid/x`` float64 ``(n_valid, d_i)`` and ``valid/ids`` int64 ``(n_valid,)``: the client's
+validation rows, drawn by the same rule as its train rows (central and vertical: all of them),
+never among its train or test rows. A file without ``valid/`` (no such split, ``--valid merge``,
+or written before the field existed) reads as zero validation rows; ``n_valid`` absent from
+the manifest likewise means 0.
 
 ``test.h5``: ``x`` float64 ``(n, D)`` over ``feature_order`` and ``ids`` int64 ``(n,)``.
 
@@ -97,6 +103,15 @@ class ClientShard:
     ids_train: np.ndarray
     x_test: np.ndarray
     ids_test: np.ndarray
+    x_valid: np.ndarray | None = None
+    ids_valid: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        # No validation rows: empty arrays of the right width, so callers never test for None.
+        if self.x_valid is None:
+            self.x_valid = np.empty((0, len(self.features)), dtype=np.float64)
+        if self.ids_valid is None:
+            self.ids_valid = np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -165,11 +180,17 @@ def _write_h5(path: Path, arrays: dict[str, np.ndarray], attrs: dict) -> None:
 
 
 def write_client(path: Path, shard: ClientShard) -> None:
-    """Write one client's HDF5 file (see the module docstring for its layout)."""
-    _write_h5(path, {"train/x": shard.x_train.astype(np.float64, copy=False),
-                     "train/ids": shard.ids_train.astype(np.int64, copy=False),
-                     "test/x": shard.x_test.astype(np.float64, copy=False),
-                     "test/ids": shard.ids_test.astype(np.int64, copy=False)},
+    """Write one client's HDF5 file (see the module docstring for its layout); the ``valid/``
+    group only when the client has validation rows, so shards of datasets without a
+    validation split keep their bytes."""
+    arrays = {"train/x": shard.x_train.astype(np.float64, copy=False),
+              "train/ids": shard.ids_train.astype(np.int64, copy=False),
+              "test/x": shard.x_test.astype(np.float64, copy=False),
+              "test/ids": shard.ids_test.astype(np.int64, copy=False)}
+    if shard.x_valid.shape[0]:
+        arrays["valid/x"] = shard.x_valid.astype(np.float64, copy=False)
+        arrays["valid/ids"] = shard.ids_valid.astype(np.int64, copy=False)
+    _write_h5(path, arrays,
               {"features": json.dumps(shard.features), "meta_types": json.dumps(shard.meta_types),
                "client_index": shard.index, "format": FORMAT})
 
@@ -232,10 +253,11 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
             shard = source.client_shard(i)
             file = f"client-{i}.h5"
             write_client(tmp / file, shard)
-            clients.append({"index": i, "file": file, "features": shard.features,
-                            "n_train": int(shard.x_train.shape[0]),
-                            "n_test": int(shard.x_test.shape[0]),
-                            "sha256": sha256_file(tmp / file)})
+            entry = {"index": i, "file": file, "features": shard.features,
+                     "n_train": int(shard.x_train.shape[0]), "n_test": int(shard.x_test.shape[0])}
+            if shard.x_valid.shape[0]:
+                entry["n_valid"] = int(shard.x_valid.shape[0])
+            clients.append({**entry, "sha256": sha256_file(tmp / file)})
             del shard
         test = source.test_set()
         _write_h5(tmp / TEST_FILE, {"x": test.x.astype(np.float64, copy=False),
@@ -457,21 +479,32 @@ def read_client(directory: str | Path, index: int, verify: bool = True) -> Clien
     entry = m.clients[index]
     path = _checked_file(m.directory, entry, verify)
     d = len(entry["features"])
+    n_valid = entry.get("n_valid", 0)
+    if isinstance(n_valid, bool) or not isinstance(n_valid, int) or n_valid < 0:
+        raise UserError(f"{m.directory / MANIFEST}: client {index}: field 'n_valid' must be an "
+                        f"integer >= 0, got {n_valid!r}")
     try:
         with h5py.File(path, "r") as f:
             feats = json.loads(f.attrs.get("features", "null"))
             if feats != entry["features"]:
                 raise UserError(f"{path}: features attribute disagrees with the manifest")
+            if not n_valid and "valid" in f:
+                raise UserError(f"{path}: holds a 'valid' group that the manifest does not list "
+                                "(no 'n_valid' for this client)")
+            valid = {} if not n_valid else {
+                "x_valid": _dataset(f, "valid/x", path, (n_valid, d), np.float64),
+                "ids_valid": _dataset(f, "valid/ids", path, (n_valid,), np.int64)}
             shard = ClientShard(
                 index=index, features=feats, meta_types=m.meta_types(feats),
                 x_train=_dataset(f, "train/x", path, (entry["n_train"], d), np.float64),
                 ids_train=_dataset(f, "train/ids", path, (entry["n_train"],), np.int64),
                 x_test=_dataset(f, "test/x", path, (entry["n_test"], d), np.float64),
-                ids_test=_dataset(f, "test/ids", path, (entry["n_test"],), np.int64))
+                ids_test=_dataset(f, "test/ids", path, (entry["n_test"],), np.int64), **valid)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise UserError(f"{path}: not a readable HDF5 file ({exc})") from None
     check_finite(shard.x_train, feats, path, "train/x")
     check_finite(shard.x_test, feats, path, "test/x")
+    check_finite(shard.x_valid, feats, path, "valid/x")
     return shard
 
 

@@ -34,6 +34,8 @@ class RawTable:
             ``source_splits`` order); kept through subsampling so ids stay stable.
         own_test: ``(n,)`` bool, True for rows of the dataset's own test file, or None when
             the dataset has no split of its own.
+        own_valid: ``(n,)`` bool, True for rows of the dataset's own validation file, or None
+            when it has none (never True where ``own_test`` is).
         source_splits: id ranges ``[lo, hi)`` of each source file part, e.g. ``{"train":
             [0, 32561], "test": [32561, 48842]}``.
         image_shape: ``(height, width)`` for image data whose features are ``px_r_c``.
@@ -53,6 +55,7 @@ class RawTable:
     classes: list | None = None
     ids: np.ndarray | None = None
     own_test: np.ndarray | None = None
+    own_valid: np.ndarray | None = None
     source_splits: dict[str, list[int]] = field(default_factory=dict)
     image_shape: tuple[int, int] | None = None
     pixel: dict | None = None
@@ -78,6 +81,8 @@ class RawTable:
             raise ValueError("y must have one class code per row")
         if self.own_test is not None and self.own_test.shape != (n,):
             raise ValueError("own_test must have one flag per row")
+        if self.own_valid is not None and self.own_valid.shape != (n,):
+            raise ValueError("own_valid must have one flag per row")
 
     @property
     def n_rows(self) -> int:
@@ -91,6 +96,7 @@ class RawTable:
             y=None if self.y is None else self.y[rows], target=self.target,
             classes=self.classes, ids=self.ids[rows],
             own_test=None if self.own_test is None else self.own_test[rows],
+            own_valid=None if self.own_valid is None else self.own_valid[rows],
             source_splits=self.source_splits, image_shape=self.image_shape,
             pixel=self.pixel, standardize_default=self.standardize_default,
             source_files=self.source_files)

@@ -163,8 +163,9 @@ def _parse_binary_rows(path: Path) -> np.ndarray:
 def load_debd(name: str, path: Path | None, data_root: Path) -> RawTable:
     """A binary density-estimation set ``debd:NAME`` from ``NAME.{ts,valid,test}.data[.gz]``.
 
-    Train and validation rows form the training pool (the validation id range is kept in
-    ``source_splits``); the test file is the held-out test set.
+    ``NAME.ts`` rows are the training pool, ``NAME.valid`` rows the dataset's own validation
+    split (``own_valid``: kept out of training unless ``--valid merge``), ``NAME.test`` the
+    held-out test set; ``source_splits`` keeps the three id ranges.
     """
     _, _, set_name = name.partition(":")
     if not set_name:
@@ -186,9 +187,11 @@ def load_debd(name: str, path: Path | None, data_root: Path) -> RawTable:
     bounds = np.cumsum([0] + sizes)
     own_test = np.zeros(x.shape[0], dtype=bool)
     own_test[bounds[2]:] = True
+    own_valid = np.zeros(x.shape[0], dtype=bool)
+    own_valid[bounds[1]:bounds[2]] = True
     d = x.shape[1]
     return RawTable(name=name, x=x, features=[f"v{j}" for j in range(d)],
-                    meta_types=["discrete"] * d, own_test=own_test,
+                    meta_types=["discrete"] * d, own_test=own_test, own_valid=own_valid,
                     source_splits={"train": [0, int(bounds[1])],
                                    "valid": [int(bounds[1]), int(bounds[2])],
                                    "test": [int(bounds[2]), int(bounds[3])]},

@@ -214,8 +214,8 @@ def load(path: str | os.PathLike) -> FederatedModel:
     return FederatedModel(fc, path=str(path))
 
 
-def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str = "random", clusters: int = 2,
-             products: int = 4, seed: int = 0, hyperparameters: Mapping[str, Any] | None = None,
+def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str | None = None,
+             clusters: int | None = None, preset: str = "adaptive", products: int = 4, seed: int = 0, hyperparameters: Mapping[str, Any] | None = None,
              client_learners: Mapping[int, str] | None = None, assign: str = "flat", servers: int = 0,
              model: str | os.PathLike | None = None) -> FederatedModel:
     """One-pass FedPC training in this process, as ``mpifc train`` does it over MPI.
@@ -226,8 +226,9 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
 
     Args:
         shards: a shard folder written by ``python -m data_prep``.
-        learner, glue, clusters, products, seed, hyperparameters, client_learners, assign,
-            servers: as the flags of ``mpifc train`` (``hyperparameters`` = ``--hp``, checked).
+        learner, glue, clusters, preset, products, seed, hyperparameters, client_learners, assign,
+            servers: as the flags of ``mpifc train`` (``hyperparameters`` = ``--hp``, checked;
+            ``glue`` and ``clusters`` None: the preset's, as when the flags are not given).
         model: also write the model file here (atomically).
     """
     from data_prep.shards import load_manifest
@@ -239,12 +240,27 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     from mpifc.fedpc.data import read_client_data
     from mpifc.fedpc.train import builder_from_config, client_plan, fit_client, model_codec
 
+    from mpifc.federated.defaults import PRESETS
+    from mpifc.federated.one_pass import record_hyperparameters
+
+    if preset not in PRESETS:
+        raise UserError(f"preset={preset!r}: expected one of {', '.join(PRESETS)}")
     learners = {int(k): v for k, v in (client_learners or {}).items()}
-    hp = check_hyperparameters(dict(hyperparameters or {}), [learner, *learners.values()], flag="hyperparameters")
+    hp = dict(hyperparameters or {})
+    if preset == "paper":
+        from mpifc.experiments.paper import paper_preset
+
+        table, table_glue = paper_preset(str(shards))
+        hp = {**table, **hp}  # explicit settings win
+        glue = glue or table_glue
+    if clusters is None and preset != "adaptive":
+        clusters = 2
+    hp = check_hyperparameters(hp, [learner, *learners.values()], flag="hyperparameters")
     if assign == "tree" and servers < 1:
         raise UserError("assign='tree' needs servers >= 1")
-    cfg = {"clusters": clusters, "products": products, "glue": glue, "seed": seed, "learner": learner,
-           "client_learners": learners, "hyperparameters": hp}
+    cfg = {"clusters": clusters, "products": products, "glue": glue or "random", "seed": seed, "learner": learner,
+           "client_learners": learners, "hyperparameters": hp,
+           "defaults": "adaptive" if preset == "adaptive" else "learner"}
     m = load_manifest(shards)
     datas = [read_client_data(shards, c) for c in range(m.n_clients)]
     builder = builder_from_config(cfg)
@@ -256,7 +272,8 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     assign_psi(fc, assign, n_servers)
     insert_models(fc, {(r.client, leaf.subspace, leaf.cluster): leaf.model for r in reports for leaf in r.leaves})
     fc.validate(require_models=True)
-    fc.meta.update(codec=model_codec(m), simulated=True)
+    record_hyperparameters(fc)
+    fc.meta.update(codec=model_codec(m), simulated=True, preset=preset)
     if model is not None:
         save_fc(fc, model)
     return FederatedModel(fc, path=None if model is None else str(Path(model)))

@@ -180,7 +180,7 @@ def bench_dataset(a: argparse.Namespace, out: Path, ds: str) -> dict:
     sh = prepared(out, ds, "horizontal", a.clients, rows, a.split)
     model = out / f"{ds}-h-{a.split}.h5"
     train_args = [str(sh), "--learner", "learnspn", "--threshold", str(thr), "--min-instances-slice", str(mis),
-                  *hp_flags(hp), "--json"]
+                  *hp_flags(hp), "--json", "--preset", "learner"]
     runs: dict[str, list[dict]] = {"contended": [], "exclusive": []}
     cens = []
     for rep in range(a.repeat):
@@ -254,7 +254,7 @@ def bench_dataset(a: argparse.Namespace, out: Path, ds: str) -> dict:
         mv = out / f"{ds}-v-{g}.h5"
         mpiexec(3, ["train", str(sv), "--learner", "learnspn", "--threshold", str(thr),
                     "--min-instances-slice", str(mis), *hp_flags(hp), "--glue", g, "--clusters", "4",
-                    "--products", "8", "--model", str(mv), "--json"], a.timeout)
+                    "--products", "8", "--model", str(mv), "--json", "--preset", "learner"], a.timeout)
         ev = evaluate_gathered({"dir": str(sv), "model": str(mv), "batch": a.batch})
         glue[g] = {"test_ll": ev["test_ll"], "accuracy": ev["accuracy"]}
     r["vertical_glue"] = glue

@@ -77,7 +77,8 @@ def cell_inputs(cache: Any, dataset: str, setting: str, seed: int, rows: int | N
     hp = {k: v for k, v in hp.items() if not k.endswith("_paper")}
     clients = [read_client_data(str(d), i) for i in range(n_clients)]
     m = load_manifest(d)
-    builder = OnePassBuilder(n_clusters=2, n_products=4, glue=glue, seed=seed, learner="learnspn", hyperparameters=hp)
+    builder = OnePassBuilder(n_clusters=2, n_products=4, glue=glue, seed=seed, learner="learnspn", hyperparameters=hp,
+                             defaults="learner")  # like for like with SPFlow: Table 4 and LearnSPN's own defaults
     plan = builder.plan([c.declaration for c in clients], m.feature_order, m.target, setting)
     dc = cache.get(ShardSpec(dataset, "central", 1, seed, max_rows=rows))
     mc = load_manifest(dc)

@@ -206,7 +206,7 @@ def train_fedpc(blocks: Sequence[ClientBlock], schema: Schema, cfg: FedPCConfig)
 
     pairs = fedpc_declarations(blocks, schema, cfg.label_from)
     builder = OnePassBuilder(n_clusters=cfg.n_clusters, n_products=max(cfg.n_products, cfg.n_clusters),
-                             glue=cfg.glue, seed=cfg.seed, hyperparameters=dict(cfg.learnspn))
+                             glue=cfg.glue, seed=cfg.seed, hyperparameters=dict(cfg.learnspn), defaults="learner")
     plan = builder.plan([d for d, _ in pairs], schema.feature_order, schema.target, "vertical")
     reports = [run_client_tasks(plan, d.index, x, d.features) for d, x in pairs]
     sent = 0

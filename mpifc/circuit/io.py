@@ -2,9 +2,14 @@
 
 Every model class writes ``group.attrs["model_type"]`` in its ``save`` and registers a loader
 here with :func:`register_model`; :func:`load_model` dispatches on that attribute.
+
+A model may carry a record of how it was fitted (``model.fit_record``, a JSON-ready dict, e.g.
+its hyperparameters): :func:`save_model` writes it as the group's ``fit_record`` attribute (JSON)
+and :func:`load_model` puts it back, so it travels with the model (over the wire too).
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable
 
@@ -20,8 +25,38 @@ def register_model(model_type: str, loader: Callable[[h5py.Group], Any]) -> None
     _LOADERS[model_type] = loader
 
 
+FIT_RECORD = "fit_record"
+"""Attribute of a model (dict) and of its saved group (JSON): how it was fitted."""
+
+
+def fit_record(model: Any) -> dict[str, Any] | None:
+    """How ``model`` records having been fitted, or None. Read from the instance's own
+    attributes, so a lazily rebuilt model is not rebuilt to answer."""
+    return getattr(model, "__dict__", {}).get(FIT_RECORD)
+
+
+def save_model(model: Any, group: Any) -> None:
+    """``model.save(group)``, plus its :func:`fit_record` as a JSON attribute."""
+    model.save(group)
+    hp = fit_record(model)
+    if hp is not None:
+        group.attrs[FIT_RECORD] = json.dumps(hp, default=lambda v: v.item(), sort_keys=True)
+
+
 def load_model(group: h5py.Group) -> Any:
-    """Rebuild the model stored in ``group`` by its ``model_type`` attribute."""
+    """Rebuild the model stored in ``group`` by its ``model_type`` attribute (and its
+    :func:`fit_record`, where the group has one)."""
+    model = _load(group)
+    raw = group.attrs.get(FIT_RECORD)
+    if raw is not None:
+        try:
+            setattr(model, FIT_RECORD, json.loads(raw))
+        except AttributeError:
+            pass  # a model class without instance attributes keeps the record in the file only
+    return model
+
+
+def _load(group: h5py.Group) -> Any:
     kind = group.attrs.get("model_type")
     if isinstance(kind, bytes):
         kind = kind.decode()
@@ -49,7 +84,7 @@ def _import_builtin_models() -> None:
 def save_model_file(model: Any, path: str | os.PathLike, group: str = "model") -> None:
     """Save ``model`` to a new HDF5 file atomically (temp file in the same folder, then rename)."""
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        model.save(f.create_group(group))
+        save_model(model, f.create_group(group))
 
 
 def load_model_file(path: str | os.PathLike, group: str = "model") -> Any:

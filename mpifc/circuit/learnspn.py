@@ -11,6 +11,11 @@ Top-down: a slice (rows x columns) of the training data becomes
 5. otherwise a sum over a row clustering (k-means or GMM) weighted by cluster sizes, or a fully
    factorised product if the rows do not split.
 
+With ``class_column`` the root is instead a sum over that discrete column's values, weighted by
+their rows, each child the product of the column's leaf and a LearnSPN of the other columns on
+the rows holding that value: a class-conditional model ``p(y) p(x | y)``, in which no column
+split can leave the class independent of the others.
+
 Slices wait in an explicit FIFO work queue (no recursion, so depth is bounded by memory only) and
 every random choice draws from one generator consumed in queue order, so the same seed gives the
 same structure and parameters. Children of a product (same rows, one component) skip step 4: a
@@ -43,7 +48,13 @@ binary or counts), ``categorical`` (unordered codes ``0..k-1``)."""
 
 COL_SPLITS = ("rdc", "gtest")
 ROW_SPLITS = ("kmeans", "gmm")
-LEAF_CHOICES = ("auto", "gaussian", "histogram", "piecewise")
+LEAF_CHOICES = ("auto", "gaussian", "histogram", "piecewise", "mixed")
+
+POINT_MASS_SHARE = 0.05
+"""``leaf="mixed"``: a real column whose most frequent value holds at least this share of the
+training rows (codes, counts, imputed or clipped values stored as reals) gets a histogram leaf;
+a Gaussian there would put a variance-floor spike on that value in every slice where it is
+constant."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class LearnSPNParams:
     rdc_ties: str = "max"
     n_init: int = 3
     cluster_first: bool = False
+    class_column: int | None = None
     leaf_kwargs: dict[str, Any] = field(default_factory=dict)
     var_min_var: tuple[float, ...] = ()
 
@@ -138,6 +150,13 @@ def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams,
     if n_categories is not None and len(n_categories) != x.shape[1]:
         raise UserError(f"learn_spn: n_categories must have one entry per column ({x.shape[1]}), "
                         f"got {len(n_categories)}")
+    if p.class_column is not None:
+        if isinstance(p.class_column, bool) or not isinstance(p.class_column, (int, np.integer)) \
+                or not 0 <= p.class_column < x.shape[1]:
+            raise UserError(f"learn_spn: class_column must be a column index 0..{x.shape[1] - 1}, "
+                            f"got {p.class_column!r}")
+        if meta[int(p.class_column)] == "real":
+            raise UserError(f"learn_spn: class_column {p.class_column} is real; it must be discrete or categorical")
     cards = []
     scales = np.ones(x.shape[1])
     for j, m in enumerate(meta):
@@ -157,17 +176,28 @@ def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams,
     return x, _DataInfo(meta=meta, cards=cards, lows=x.min(0), highs=x.max(0), cluster_scales=scales)
 
 
-def _leaf_kind(meta: str, card: int, leaf: str) -> str:
+def _point_mass(column: np.ndarray) -> bool:
+    """Whether the most frequent value of ``column`` holds at least :data:`POINT_MASS_SHARE` of it."""
+    if column.size == 0:
+        return False
+    _, counts = np.unique(column, return_counts=True)
+    return bool(counts.max() >= POINT_MASS_SHARE * column.size)
+
+
+def _leaf_kind(meta: str, card: int, leaf: str, column: np.ndarray | None = None) -> str:
     """Leaf family for one column: binary -> Bernoulli, categorical -> Categorical, discrete ->
     Categorical (a histogram on unit bins if ``leaf`` is histogram or piecewise, as MSPN does:
-    both are probability masses of the levels), real -> Gaussian (or the requested family)."""
+    both are probability masses of the levels), real -> Gaussian (or the requested family;
+    ``"mixed"``: histogram where ``column`` has a point mass, :data:`POINT_MASS_SHARE`)."""
     if meta == "real":
+        if leaf == "mixed":
+            return "histogram" if column is not None and _point_mass(column) else "gaussian"
         return {"auto": "gaussian"}.get(leaf, leaf)
     if card <= 2:
         return "bernoulli"
     if meta == "categorical":
         return "categorical"
-    return {"auto": "categorical", "gaussian": "categorical", "piecewise": "histogram"}.get(leaf, leaf)
+    return {"auto": "categorical", "gaussian": "categorical", "piecewise": "histogram", "mixed": "categorical"}.get(leaf, leaf)
 
 
 class _LeafMaker:
@@ -187,7 +217,8 @@ class _LeafMaker:
         self._fit_pw = PiecewiseLinear.fit_fixed
         self._info = info
         self._p = p
-        self._kinds = [_leaf_kind(m, c, p.leaf) for m, c in zip(info.meta, info.cards)]
+        self._kinds = [_leaf_kind(m, c, p.leaf, x[:, j] if p.leaf == "mixed" else None)
+                       for j, (m, c) in enumerate(zip(info.meta, info.cards))]
         # Gaussian leaves: min_var, raised per column to the floor its ties set on the full data
         gauss = [kind == "gaussian" for kind in self._kinds]
         self._min_var = np.maximum(p.min_var, tie_variance_floors(x, gauss)) if any(gauss) else None
@@ -380,9 +411,22 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
     meta = info.meta
 
     holder: list[Node] = []
-    queue: deque[_Slice] = deque(
-        [_Slice(np.arange(x.shape[0]), np.arange(x.shape[1]), holder.append, skip_col_split=p.cluster_first)]
-    )
+    queue: deque[_Slice] = deque()
+    classes = _class_split(x, p.class_column)
+    if classes:
+        # The class split first (module doc): one product of the class leaf and the other
+        # columns' slice per value, weighted by its rows.
+        top = SumNode(scope=list(range(x.shape[1])))
+        holder.append(top)
+        rest = np.array([j for j in range(x.shape[1]) if j != p.class_column], dtype=np.int64)
+        for rows in classes:
+            prod = ProductNode(scope=list(range(x.shape[1])))
+            top.add_child(prod, len(rows) / x.shape[0])
+            prod.add_child(make_leaf(int(p.class_column), x[rows, p.class_column]))
+            queue.append(_Slice(rows, rest, prod.add_child, skip_col_split=p.cluster_first))
+    else:
+        queue.append(_Slice(np.arange(x.shape[0]), np.arange(x.shape[1]), holder.append,
+                            skip_col_split=p.cluster_first))
 
     def factorise(rows: np.ndarray, cols: np.ndarray, attach: Any) -> None:
         if len(cols) == 1:
@@ -440,6 +484,17 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
             queue.append(_Slice(sub, cols, _weighted_attach(sums, len(sub) / len(rows))))
 
     return holder[0]
+
+
+def _class_split(x: np.ndarray, column: int | None) -> list[np.ndarray]:
+    """Row positions per value of ``column`` (ascending values), or ``[]`` when there is no
+    class column, no other column, or the column holds a single value (nothing to split)."""
+    if column is None or x.shape[1] < 2:
+        return []
+    values, inverse = np.unique(x[:, int(column)], return_inverse=True)
+    if len(values) < 2:
+        return []
+    return [np.flatnonzero(inverse == k) for k in range(len(values))]
 
 
 def resmooth(root: Node, alpha: float) -> int:
@@ -500,6 +555,7 @@ def learn_spn(
     rdc_ties: str = "max",
     n_init: int = 3,
     cluster_first: bool = False,
+    class_column: int | None = None,
     leaf_kwargs: dict[str, Any] | None = None,
     n_categories: Sequence[int] | None = None,
     var_min_var: Sequence[float] | None = None,
@@ -517,7 +573,9 @@ def learn_spn(
         n_clusters: clusters per row split.
         leaf: ``"auto"`` (Gaussian for real, Bernoulli for two-valued, Categorical otherwise),
             or force ``"gaussian"``, ``"histogram"`` or ``"piecewise"`` for real columns; with
-            the last two, discrete columns get histograms on unit bins (the mass of each level).
+            the last two, discrete columns get histograms on unit bins (the mass of each level);
+            ``"mixed"``: as ``"auto"``, but a histogram for a real column with a point mass
+            (:data:`POINT_MASS_SHARE`).
         seed: seed of every random choice (RDC projections, clustering).
         gtest_pvalue: G-test significance level; smaller = fewer dependencies = more products.
         alpha: Laplace smoothing of Bernoulli/Categorical leaves (pseudo-count per value).
@@ -531,6 +589,8 @@ def learn_spn(
         n_init: restarts of each clustering.
         cluster_first: start with a row split at the root (MSPN's default) instead of a column
             split (Gens & Domingos, SPFlow).
+        class_column: a discrete or categorical column to split the rows by first (one child
+            per value, see the module doc), e.g. the classification target; ``None``: none.
         leaf_kwargs: extra hyperparameters passed to every leaf's ``fit``.
         n_categories: per column, its declared number of levels (0 or None: from the data); a
             discrete leaf covers at least these, so levels missing from ``data`` keep smoothed mass.
@@ -558,6 +618,7 @@ def learn_spn(
         rdc_ties=rdc_ties,
         n_init=n_init,
         cluster_first=cluster_first,
+        class_column=class_column,
         leaf_kwargs=dict(leaf_kwargs or {}),
         var_min_var=tuple(float(v) for v in var_min_var) if var_min_var is not None else (),
     )

@@ -472,19 +472,22 @@ def _binary_rdc(data: np.ndarray) -> np.ndarray:
     return out
 
 
-def gtest_pvalues(data: np.ndarray, cards: Sequence[int]) -> np.ndarray:
-    """p-values of the pairwise G-test of independence for discrete columns.
+def gtest_statistics(data: np.ndarray, cards: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """G statistics and degrees of freedom of the pairwise G-test of independence.
 
     Args:
         data: ``(n, d)`` slice with integer-valued entries ``0 .. cards[j]-1``.
         cards: per column, its number of values.
 
     Returns:
-        ``(d, d)`` symmetric matrix of p-values (diagonal 0); a pair involving a column that takes
-        a single value in the slice has p-value 1 (no evidence of dependence).
+        ``(g, dof)``: ``(d, d)`` symmetric float64 arrays. Degrees of freedom count the values
+        present in this slice, as a contingency table would (0 for a pair with a column that
+        takes a single value).
     """
     n, d = data.shape
     cards = [max(int(c), 1) for c in cards]
+    if all(c == 2 for c in cards):
+        return _gtest_binary(data)
     offsets = np.concatenate([[0], np.cumsum(cards)])
     onehot = np.zeros((n, int(offsets[-1])))
     ints = data.astype(np.int64)
@@ -497,10 +500,56 @@ def gtest_pvalues(data: np.ndarray, cards: Sequence[int]) -> np.ndarray:
         terms = np.where(counts > 0, counts * np.log(counts / expected), 0.0)
     starts = offsets[:-1]
     g = 2.0 * np.add.reduceat(np.add.reduceat(terms, starts, axis=0), starts, axis=1)
-    # Degrees of freedom use the values present in this slice, as a contingency table would.
     present = np.add.reduceat((marg > 0).astype(np.float64), starts)
-    dof = np.outer(present - 1, present - 1)
+    return g, np.outer(present - 1, present - 1)
+
+
+def _gtest_binary(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`gtest_statistics` of 0/1 columns from one ``(d, d)`` product: the four cells of
+    every 2x2 table follow from the co-occurrence counts ``X^T X`` and the column counts (a
+    quarter of the one-hot product's work)."""
+    n = data.shape[0]
+    x = np.clip(data, 0.0, 1.0)
+    c11 = x.T @ x
+    n1 = np.diag(c11).copy()
+    n0 = n - n1
+    cells = ((c11, n1[:, None] * n1[None, :]), (n1[:, None] - c11, n1[:, None] * n0[None, :]),
+             (n1[None, :] - c11, n0[:, None] * n1[None, :]),
+             (n - n1[:, None] - n1[None, :] + c11, n0[:, None] * n0[None, :]))
+    g = np.zeros_like(c11)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for count, outer in cells:
+            g += np.where(count > 0, count * np.log(count * max(n, 1) / outer), 0.0)
+    present = (n1 > 0).astype(np.float64) + (n0 > 0)
+    return 2.0 * g, np.outer(present - 1, present - 1)
+
+
+def gtest_pvalues(data: np.ndarray, cards: Sequence[int]) -> np.ndarray:
+    """p-values of the pairwise G-test of independence for discrete columns.
+
+    Args:
+        data: ``(n, d)`` slice with integer-valued entries ``0 .. cards[j]-1``.
+        cards: per column, its number of values.
+
+    Returns:
+        ``(d, d)`` symmetric matrix of p-values (diagonal 0); a pair involving a column that takes
+        a single value in the slice has p-value 1 (no evidence of dependence).
+    """
+    g, dof = gtest_statistics(data, cards)
     with np.errstate(invalid="ignore"):
         p = np.where(dof > 0, chi2.sf(np.maximum(g, 0.0), np.maximum(dof, 1)), 1.0)
     np.fill_diagonal(p, 0.0)
     return p
+
+
+def gtest_dependent(data: np.ndarray, cards: Sequence[int], pvalue: float) -> np.ndarray:
+    """``gtest_pvalues(data, cards) < pvalue`` (diagonal True) without a p-value per pair: the
+    statistic is compared with the chi-squared critical value of each distinct dof (the
+    survival function is decreasing), which is what costs in a G-test column split."""
+    g, dof = gtest_statistics(data, cards)
+    out = np.zeros(g.shape, dtype=bool)
+    for k in np.unique(dof[dof > 0]):
+        at = dof == k
+        out[at] = np.maximum(g[at], 0.0) > chi2.isf(pvalue, k)
+    np.fill_diagonal(out, True)
+    return out

@@ -19,7 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 from threadpoolctl import ThreadpoolController
 
-from mpifc.circuit.rdc import RDC_K, gtest_pvalues, rdc_matrix
+from mpifc.circuit.rdc import RDC_K, gtest_dependent, rdc_matrix
 
 
 _CLOSURE_MAX_D = 64
@@ -94,10 +94,7 @@ def split_columns_rdc(
 
 def split_columns_gtest(data: np.ndarray, cards: Sequence[int], pvalue: float) -> list[np.ndarray]:
     """Groups of discrete columns; a pair is dependent when its G-test p-value is below ``pvalue``."""
-    p = gtest_pvalues(data, cards)
-    dependent = p < pvalue
-    np.fill_diagonal(dependent, True)
-    return dependency_components(dependent)
+    return dependency_components(gtest_dependent(data, cards, pvalue))
 
 
 def clustering_features(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int],

@@ -10,7 +10,7 @@ from mpifc.errors import UserError
 from data_prep.datasets import DATASETS
 from data_prep.files import default_data_root
 from data_prep.partition import SETTINGS, SPLITS
-from data_prep.prepare import PrepConfig, prepare
+from data_prep.prepare import VALID_MODES, PrepConfig, prepare
 from data_prep.preprocess import ENCODINGS
 from data_prep.transforms import MAX_LEVELS, SCALES
 from data_prep.shards import write_shards
@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", metavar="DIR",
                    help="data root (default: $MPIFC_DATA, else <repo>/../shared/data)")
     p.add_argument("--setting", choices=SETTINGS, default="horizontal",
-                   help="how data is split among clients (default horizontal)")
+                   help="how data is split among clients (default horizontal); central: one client "
+                        "with every row and feature, on which mpifc train runs Algorithm 1 (by default "
+                        "one LearnSPN; with --clusters K, K k-means clusters of the rows, one PC each)")
     p.add_argument("--clients", type=int, default=2, metavar="N",
                    help="number of clients (default 2)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
@@ -78,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-fraction", type=float, default=None, metavar="F",
                    help="hold out this stratified fraction (default: the dataset's own test "
                         "split, else 0.2)")
+    p.add_argument("--valid", choices=VALID_MODES, default="keep",
+                   help="a dataset's own validation split (debd's NAME.valid): keep it as each client's "
+                        "valid/ rows, held out of training (default), or merge it into the training rows")
     p.add_argument("--max-rows", type=int, default=None, metavar="N",
                    help="stratified deterministic subsample of the dataset first")
     p.add_argument("--shared-features", type=int, default=None, metavar="K",
@@ -123,11 +128,12 @@ def run(argv: list[str] | None = None) -> int:
                         test_fraction=args.test_fraction, max_rows=args.max_rows,
                         shared_features=args.shared_features, patches=args.patches,
                         overlap=args.overlap, segments=tuple(args.segment),
-                        oversample=args.oversample)
+                        oversample=args.oversample, valid=args.valid)
     prepared = prepare(**{f: getattr(config, f) for f in config.__dataclass_fields__})
     manifest = write_shards(prepared, Path(args.out))
     for c in manifest.clients:
-        print(f"client {c['index']}: {c['n_train']} train rows, {c['n_test']} test rows, "
+        valid = f", {c['n_valid']} validation rows" if c.get("n_valid") else ""
+        print(f"client {c['index']}: {c['n_train']} train rows, {c['n_test']} test rows{valid}, "
               f"{len(c['features'])} features")
     print(f"wrote {manifest.n_clients} shards and {manifest.test['file']} "
           f"({manifest.test['n']} rows) to {manifest.directory}")

@@ -12,6 +12,7 @@ from typing import Any
 from mpifc.cli.common import add_liveness_argument, comma_ints, parse_kv
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
+from mpifc.federated.defaults import PRESETS, RULE_HELP
 from mpifc.federated.hyperparameters import LEARNER_PARAMS, check_hyperparameters
 from mpifc.federated.learners import learner_names
 from mpifc.federated.one_pass import CLUSTER_WITHOUT_TARGET, GLUE_MODES
@@ -22,24 +23,33 @@ FAMILIES = ("fc", "ngm")
 
 def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     """The FedPC flags of ``mpifc train``."""
+    p.epilog = (RULE_HELP + " With --setting central shards (one client holding every row and "
+                "feature) training is Algorithm 1 on that client: by default one LearnSPN (K = 1); "
+                "with --clusters K, a k-means split into K clusters, one LearnSPN each, glued as any "
+                "single-owner subspace.")
     p.add_argument("dir", help="shard directory written by data_prep")
     p.add_argument("--learner", default="learnspn", choices=learner_names(), help="client PC learner")
     p.add_argument("--client-learner", action="append", default=[], metavar="IDX=NAME",
                    help="per-client learner override (repeatable)")
-    p.add_argument("--glue", default="random", choices=GLUE_MODES,
+    p.add_argument("--preset", default="adaptive", choices=PRESETS,
+                   help="what fills the settings not given (see below): adaptive (default), learner "
+                        "(the learners' own defaults, K = 2), paper (Table 4 for the shards' dataset)")
+    p.add_argument("--glue", default=None, choices=GLUE_MODES,
                    help="how the clients' single-owner parts are joined (vertical and hybrid data): random = the "
                         "paper's P products of randomly chosen clusters; combinatorial = every combination of "
                         "clusters, weighted by the product of cluster fractions; cooccurrence = every observed "
-                        "combination, weighted by its frequency (clients send one cluster id per aligned row)")
-    p.add_argument("--clusters", type=int, default=2, help="K, clusters per single-owner subspace")
+                        "combination, weighted by its frequency (clients send one cluster id per aligned row); "
+                        "default random (--preset paper: Table 4's)")
+    p.add_argument("--clusters", type=int, default=None,
+                   help="K, clusters per single-owner subspace (default: the preset's rule, see below)")
     p.add_argument("--products", type=int, default=4, help="P, products of the random glue")
     p.add_argument("--cluster-without-target", action="store_true",
                    help="the label owner's k-means leaves the target column out (its cluster PCs still model "
                         "it), so no cluster is a 'label cluster'; default off (Algorithm 1 as written). "
                         "Same as --hp cluster_without_target=1; see mpifc.federated.one_pass.CLUSTER_WITHOUT_TARGET")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same model")
-    p.add_argument("--threshold", type=float, default=None, help="LearnSPN RDC threshold")
-    p.add_argument("--min-instances-slice", type=int, default=None, help="LearnSPN min rows per slice")
+    p.add_argument("--threshold", type=float, default=None, help="LearnSPN RDC threshold (default: the preset's rule)")
+    p.add_argument("--min-instances-slice", type=int, default=None, help="LearnSPN min rows per slice (default: the preset's rule)")
     p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE",
                    help="a hyperparameter of the learner (repeatable), checked before any rank starts: "
                         + "; ".join(f"{name}: {', '.join(keys)}" for name, keys in
@@ -101,12 +111,24 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The FedPC training settings of parsed flags (checked; UserError names the flag)."""
+    """The FedPC training settings of parsed flags (checked; UserError names the flag).
+
+    Flags not given stay out of ``hyperparameters`` (and ``clusters`` None), so the preset's
+    defaults fill them on each client (:mod:`mpifc.federated.defaults`)."""
     hp = parse_kv(args.hp, "--hp")
     if args.threshold is not None:
         hp["threshold"] = args.threshold
     if args.min_instances_slice is not None:
         hp["min_instances_slice"] = args.min_instances_slice
+    preset = getattr(args, "preset", None) or "adaptive"
+    glue = args.glue
+    if preset == "paper":
+        from mpifc.experiments.paper import paper_preset
+
+        table, table_glue = paper_preset(str(args.dir))
+        hp = {**table, **hp}  # explicit flags win
+        glue = glue or table_glue
+    clusters = args.clusters if args.clusters is not None else (None if preset == "adaptive" else 2)
     if getattr(args, "cluster_without_target", False):
         hp[CLUSTER_WITHOUT_TARGET] = True  # a plan hyperparameter: sent with the plan, never to a learner
     learners = {}
@@ -119,8 +141,9 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError("--assign tree needs --servers S with S >= 1")
     if args.em_iters < 1:
         raise UserError(f"--em-iters must be >= 1, got {args.em_iters}")
-    return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": args.glue,
-            "clusters": args.clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
+    return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": glue or "random",
+            "clusters": clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
+            "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
             "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
             "exclusive_timing": bool(args.exclusive_timing)}

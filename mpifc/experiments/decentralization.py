@@ -289,6 +289,7 @@ def cell_jobs(lo0: Path, lo_all: Path, run_dir: Path, cfg: dze.FedPCConfig, n_cl
     r = n_clients + 1
     launcher.run(r, ["-m", MPIFC, "train", str(lo0), "--glue", cfg.glue, "--clusters", str(cfg.n_clusters),
                      "--products", str(max(cfg.n_products, cfg.n_clusters)), "--seed", str(cfg.seed), *hp,
+                     "--preset", "learner",
                      "--model", str(model), "--ledger", str(run_dir / "cl_train.csv"), "--deadline", str(timeout)],
                  timeout)
     launcher.run(r, ["-m", MPIFC, "evaluate", str(lo0), "--model", str(model), "--distributed",

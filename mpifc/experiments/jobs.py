@@ -149,8 +149,11 @@ def fc_train_args(shards: Path, *, learner: str = "learnspn", glue: str = "rando
     ``hp`` holds LearnSPN's ``threshold`` / ``min_instances_slice`` and any other learner
     hyperparameter (passed as ``--hp KEY=VALUE``); keys ending in ``_paper`` are provenance only.
     """
+    # Experiments state every setting they use: the learners' own defaults fill the rest, never
+    # the adaptive rule (mpifc.federated.defaults), so a reproduction does not move with it.
     args = ["train", str(shards), "--learner", learner, "--glue", glue, "--clusters", str(clusters),
-            "--products", str(products), "--seed", str(seed), "--json", "--assign", assign, *extra]
+            "--products", str(products), "--seed", str(seed), "--json", "--assign", assign,
+            "--preset", "learner", *extra]
     if assign == "tree":
         args += ["--servers", str(servers)]
     for k, v in (hp or {}).items():

@@ -170,6 +170,22 @@ T7_DEFAULT_CLUSTERS = 2
 T7_CLUSTER_WITHOUT_TARGET: dict[str, tuple[str, ...]] = {"vertical": ("credit",)}
 
 
+def paper_preset(directory: str) -> tuple[dict[str, object], str]:
+    """(LearnSPN hyperparameters, glue) of ``mpifc train --preset paper``: Table 4 of the paper for
+    the shard folder's dataset and setting (:func:`learnspn_hp`, SPFlow's RDC convention included,
+    as the experiments use them). UserError where Table 4 has no such cell."""
+    from data_prep.shards import load_manifest
+    from mpifc.errors import UserError
+
+    m = load_manifest(directory)
+    known = sorted({ds for cells in TABLE4.values() for ds in cells})
+    if m.setting not in TABLE4 or m.dataset not in TABLE4[m.setting]:
+        raise UserError(f"--preset paper: Table 4 has no settings for dataset {m.dataset!r} in the "
+                        f"{m.setting} setting ({directory}); it covers {', '.join(known)} in "
+                        f"{', '.join(TABLE4)} settings")
+    return learnspn_hp(m.setting, m.dataset)
+
+
 def classifier_cluster_without_target(setting: str, dataset: str) -> bool:
     """Whether a Table 7 FC[PC] cell's label owner clusters without the target
     (:data:`T7_CLUSTER_WITHOUT_TARGET`)."""

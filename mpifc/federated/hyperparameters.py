@@ -65,7 +65,9 @@ LEARNSPN: dict[str, Param] = {
     "col_split": _str("rdc", "gtest", help="column split: RDC (any columns) or G-test (discrete only)"),
     "row_split": _str("kmeans", "gmm"),
     "n_clusters": _int(2, help="clusters per row split"),
-    "leaf": _str("auto", "gaussian", "histogram", "piecewise"),
+    "leaf": _str("auto", "gaussian", "histogram", "piecewise", "mixed",
+                 help="mixed: histograms for real columns with a point mass, Gaussians otherwise"),
+    "class_column": _int(0, nullable=True, help="split the rows by this discrete column's value first"),
     "gtest_pvalue": _float(0.0, 1.0, low_open=True, high_open=True),
     "alpha": _float(0.0, low_open=True, help="Laplace smoothing of discrete leaves"),
     "min_var": _float(0.0, low_open=True, help="variance floor of Gaussian leaves"),
@@ -97,6 +99,8 @@ LEARNER_PARAMS: dict[str, dict[str, Param]] = {
 
 PLAN_PARAMS: dict[str, Param] = {
     "cluster_without_target": Param("bool", help="the label owner clusters its rows without the target"),
+    "target_first": Param("bool", help="a LearnSPN PC holding the target splits its rows by it first "
+                                       "(default: chosen on held-out rows)"),
 }
 """Hyperparameters of the plan itself (Algorithm 1), not of a learner."""
 

@@ -32,6 +32,7 @@ Glue modes (single-owner part):
 from __future__ import annotations
 
 import hashlib
+import json
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -129,6 +130,9 @@ class FederationPlan:
     setting: str = ""
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     kind: str = "fedpc"  # "fedpc" (Algorithm 1) or "fcdt" (trees averaged at the root)
+    # "adaptive": hyperparameters the user did not set follow mpifc.federated.defaults (per PC);
+    # "learner": every learner's own defaults
+    defaults: str = "adaptive"
 
     def tasks_for(self, client: int) -> list[LeafTask]:
         return [t for t in self.tasks if t.client == client]
@@ -308,6 +312,14 @@ seed still gives the same model regardless of rank placement. Not a learner hype
 """
 
 
+TARGET_FIRST = "target_first"
+"""Hyperparameter key (``--hp target_first=1|0``): a LearnSPN PC that holds the target splits its
+rows by the target's value first (``learn_spn(class_column=...)``: ``p(y) p(x | y)``, so the
+prediction uses every other column of the PC). On by default under the adaptive defaults
+(:mod:`mpifc.federated.defaults`), off otherwise; ignored by other learners and by PCs without
+the target."""
+
+
 def hp_flag(value: Any, name: str) -> bool:
     """A boolean plan option as given in code or through ``--hp KEY=VALUE`` (int/str)."""
     if isinstance(value, (bool, np.bool_)):
@@ -334,13 +346,110 @@ def cluster_columns(plan: FederationPlan, task: LeafTask) -> list[int]:
     return cols
 
 
+DEFAULTS_MODES = ("adaptive", "learner")
+""":attr:`FederationPlan.defaults`: the adaptive rule of :mod:`mpifc.federated.defaults`, or
+each learner's own defaults."""
+
+
+def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[dict[str, Any]]:
+    """The learner hyperparameters of one PC of ``task`` fitted on ``n_rows`` rows: the plan's
+    (the user's) keys, completed by :func:`mpifc.federated.defaults.adaptive_hyperparameters`
+    when ``plan.defaults == "adaptive"``; several candidates where the defaults leave a choice to
+    held-out rows (:func:`mpifc.federated.defaults.target_candidates`), in order of preference.
+    :data:`TARGET_FIRST` becomes LearnSPN's ``class_column`` where the PC holds the target."""
+    from mpifc.federated.defaults import adaptive_hyperparameters, target_candidates
+
+    explicit = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
+    hp = dict(explicit)
+    if plan.defaults == "adaptive" and plan.kind == "fedpc":
+        meta = [plan.meta_types[f] for f in task.features]
+        hp = adaptive_hyperparameters(task.learner, n_rows, meta, plan.target in task.features, hp)
+    holds = task.learner == "learnspn" and plan.target is not None and plan.target in task.features
+    if hp.get(TARGET_FIRST) == "auto" and not holds:
+        hp.pop(TARGET_FIRST)
+    out = []
+    for cand in target_candidates(hp, explicit):
+        if TARGET_FIRST in cand and hp_flag(cand.pop(TARGET_FIRST), TARGET_FIRST) and holds:
+            cand["class_column"] = task.features.index(plan.target)
+        out.append(cand)
+    return out
+
+
+def leaf_hyperparameters(plan: FederationPlan, task: LeafTask, n_rows: int) -> dict[str, Any]:
+    """The first (preferred) of :func:`leaf_candidates`."""
+    return leaf_candidates(plan, task, n_rows)[0]
+
+
+def held_out_macro_f1(model: Any, rows: np.ndarray, target: int, n_classes: int) -> float:
+    """Macro F1 of ``model``'s arg-max ``p(y | x)`` on ``rows`` ``(n, d)`` whose column ``target``
+    holds the class code; classes neither present nor predicted are left out of the mean."""
+    n = len(rows)
+    z = np.repeat(rows, n_classes, axis=0)
+    z[:, target] = np.tile(np.arange(n_classes, dtype=np.float64), n)
+    ll = np.asarray(model.log_likelihood(z), dtype=np.float64).reshape(n, n_classes)
+    pred, y = ll.argmax(1), rows[:, target].astype(np.int64)
+    f1 = []
+    for c in range(n_classes):
+        tp, fp, fn = np.sum((pred == c) & (y == c)), np.sum((pred == c) & (y != c)), np.sum((pred != c) & (y == c))
+        if tp + fp + fn:
+            f1.append(2.0 * tp / (2.0 * tp + fp + fn))
+    return float(np.mean(f1)) if f1 else 0.0
+
+
+def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.ndarray, seed: int,
+           held: np.ndarray | None = None, **extra: Any) -> Any:
+    """Fit one PC of ``task`` on ``x`` ``(n, len(task.features))`` with its
+    :func:`leaf_candidates`; the model records what it was fitted with (``fit_record``).
+
+    Several candidates: each is fitted and scored by :func:`held_out_macro_f1` of the target on
+    ``held`` (the client's validation rows of these columns, when it has at least
+    :data:`~mpifc.federated.defaults.MIN_HELD_OUT`), else on a seeded fifth of ``x`` held out of
+    the fit, after which the winner is refitted on all of ``x``. Ties go to the earlier candidate;
+    too few rows to hold out: the first candidate, unscored."""
+    from mpifc.federated.defaults import HELD_OUT_FRACTION, MIN_HELD_OUT
+
+    meta = [plan.meta_types[f] for f in task.features]
+    ks = [plan.n_categories.get(f, 0) for f in task.features]
+    cands = leaf_candidates(plan, task, len(x))
+    n_classes = int(plan.n_categories.get(plan.target, 0) or 0) if plan.target else 0
+    choice: dict[str, Any] | None = None
+    hp = cands[0]
+    model = None
+    if len(cands) > 1 and n_classes >= 2:
+        j = task.features.index(plan.target)
+        if held is not None and len(held) >= MIN_HELD_OUT:
+            train, test, where = x, held, "validation rows"
+        else:
+            n_held = int(len(x) * HELD_OUT_FRACTION)
+            order = np.random.default_rng(derive_seed(seed, 0x68656C64)).permutation(len(x))
+            train, test, where = x[np.sort(order[n_held:])], x[np.sort(order[:n_held])], "held-out training rows"
+        if len(test) >= MIN_HELD_OUT:
+            fitted = [fit(task.learner, train, meta, seed, n_categories=ks, **c, **extra) for c in cands]
+            scores = [held_out_macro_f1(m, test, j, n_classes) for m in fitted]
+            best = int(np.argmax(scores))
+            hp = cands[best]
+            model = fitted[best] if train is x else None
+            choice = {"on": where, "rows": int(len(test)), "candidates": cands, "macro_f1": scores}
+    if model is None:
+        model = fit(task.learner, x, meta, seed, n_categories=ks, **hp, **extra)
+    record: dict[str, Any] = {"hyperparameters": hp}
+    if choice is not None:
+        record["choice"] = choice
+    try:
+        model.fit_record = record
+    except AttributeError:
+        pass  # a model without instance attributes: its fit goes unrecorded
+    return model
+
+
 def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features: Sequence[str],
-                     fit: Callable[..., Any] | None = None) -> ClientReport:
+                     fit: Callable[..., Any] | None = None, x_valid: np.ndarray | None = None) -> ClientReport:
     """Learn every PC the plan asks of ``client`` on its rows ``x`` ``(n_rows, len(features))``.
 
     Clustered tasks split the rows by k-means over :func:`cluster_columns` (all the task's
     columns unless the plan sets :data:`CLUSTER_WITHOUT_TARGET`) and fit one PC per cluster on
-    all the task's columns.
+    all the task's columns. Every PC is fitted by :func:`fit_pc` with the hyperparameters of its
+    own rows.
 
     Every fit also gets ``var_min_var``: the variance floors the task's columns' repeated values
     set on all of the client's rows (:func:`mpifc.circuit.leaves.tie_variance_floors`), so that a
@@ -349,6 +458,9 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     Args:
         fit: ``fit(learner, x, meta_types, seed, n_categories=..., var_min_var=..., **hp)``;
             defaults to :func:`mpifc.federated.learners.fit_leaf`.
+        x_valid: the client's validation rows ``(n_valid, len(features))`` (its shard's
+            ``valid/``), used to choose between candidate hyperparameters of unclustered PCs;
+            None or empty: such choices hold out training rows instead.
     """
     if fit is None:
         from mpifc.federated.learners import fit_leaf as fit
@@ -357,15 +469,14 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     col = {f: j for j, f in enumerate(features)}
     leaves: list[LeafReport] = []
     cluster_ids = None
-    hp = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
     for t in plan.tasks_for(client):
-        xs = x[:, [col[f] for f in t.features]]
-        meta = [plan.meta_types[f] for f in t.features]
-        ks = [plan.n_categories.get(f, 0) for f in t.features]
-        floors = tie_variance_floors(xs, [m == "real" for m in meta])
+        idx = [col[f] for f in t.features]
+        xs = x[:, idx]
+        floors = tie_variance_floors(xs, [plan.meta_types[f] == "real" for f in t.features])
         if t.n_clusters == 0:
             extra = {"target_index": t.features.index(plan.target)} if plan.kind == "fcdt" else {}
-            model = fit(t.learner, xs, meta, t.seed, n_categories=ks, var_min_var=floors, **hp, **extra)
+            held = x_valid[:, idx] if x_valid is not None and len(x_valid) else None
+            model = fit_pc(fit, plan, t, xs, t.seed, held, var_min_var=floors, **extra)
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
         ccols = cluster_columns(plan, t)
@@ -374,7 +485,7 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         cluster_ids = labels
         for k in range(int(labels.max()) + 1):
             rows = xs[labels == k]
-            model = fit(t.learner, rows, meta, derive_seed(t.seed, k), n_categories=ks, var_min_var=floors, **hp)
+            model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors)
             leaves.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return ClientReport(client, leaves, cluster_ids)
 
@@ -384,24 +495,30 @@ class OnePassBuilder:
     """Algorithm 1: plan from declarations, assemble from counts.
 
     Args:
-        n_clusters: K, clusters per single-owner subspace.
+        n_clusters: K, clusters per single-owner subspace; ``None``: per subspace by
+            :func:`mpifc.federated.defaults.default_clusters` (``defaults="adaptive"``) or 2.
         n_products: P, products for the ``random`` glue.
         glue: one of :data:`GLUE_MODES`.
         seed: master seed.
         learner: default learner name; ``learners`` overrides it per client index.
-        hyperparameters: passed to every learner call.
+        hyperparameters: the user's, passed to every learner call.
+        defaults: one of :data:`DEFAULTS_MODES`: what fills the hyperparameters (and K) the
+            user did not set.
     """
 
-    def __init__(self, n_clusters: int = 2, n_products: int = 4, glue: str = "random", seed: int = 0,
+    def __init__(self, n_clusters: int | None = 2, n_products: int = 4, glue: str = "random", seed: int = 0,
                  learner: str = "learnspn", learners: dict[int, str] | None = None,
-                 hyperparameters: dict[str, Any] | None = None) -> None:
+                 hyperparameters: dict[str, Any] | None = None, defaults: str = "adaptive") -> None:
         if glue not in GLUE_MODES:
             raise UserError(f"unknown glue {glue!r}; expected one of {', '.join(GLUE_MODES)}")
-        if n_clusters < 1:
+        if defaults not in DEFAULTS_MODES:
+            raise UserError(f"unknown defaults {defaults!r}; expected one of {', '.join(DEFAULTS_MODES)}")
+        if n_clusters is not None and n_clusters < 1:
             raise UserError(f"--clusters must be >= 1, got {n_clusters}")
         if n_products < 1:
             raise UserError(f"--products must be >= 1, got {n_products}")
-        self.n_clusters = int(n_clusters)
+        self.n_clusters = None if n_clusters is None else int(n_clusters)
+        self.defaults = defaults
         self.n_products = int(n_products)
         self.glue = glue
         self.seed = int(seed)
@@ -470,18 +587,33 @@ class OnePassBuilder:
             self._check_aligned([by_index[s.owners[0]] for s in single], "glue 'cooccurrence'")
         if self.learner == "dt" or "dt" in self.learners.values():
             return self._plan_fcdt(decls, features, meta, cats, by_index, target, setting)
-        if self.glue == "random" and single:
-            if self.n_products < self.n_clusters:
-                raise UserError(f"--products {self.n_products} < --clusters {self.n_clusters}: every "
-                                f"cluster-PC must be the child of at least one product")
         tasks = []
         for s in subs:
             for c in s.owners:
                 learner = self.learners.get(c, self.learner)
-                k = 0 if s.shared else self.n_clusters
+                k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target)
                 tasks.append(LeafTask(c, s.index, s.features, k, derive_seed(self.seed, c, s.index), learner))
-        return FederationPlan(features, meta, cats, subs, tasks, by_index, self.glue, self.n_clusters,
-                              self.n_products, self.seed, target, setting, dict(self.hyperparameters))
+        k_max = max([t.n_clusters for t in tasks] + [1])
+        if self.glue == "random" and single and self.n_products < k_max:
+            raise UserError(f"--products {self.n_products} < --clusters {k_max}: every "
+                            f"cluster-PC must be the child of at least one product")
+        return FederationPlan(features, meta, cats, subs, tasks, by_index, self.glue, self.plan_clusters(k_max),
+                              self.n_products, self.seed, target, setting, dict(self.hyperparameters),
+                              defaults=self.defaults)
+
+    def clusters_of(self, subspace: Subspace, n_clients: int, n_subspaces: int, target: str | None) -> int:
+        """K of a single-owner subspace: ``n_clusters`` when set, else the defaults' rule."""
+        if self.n_clusters is not None:
+            return self.n_clusters
+        if self.defaults != "adaptive":
+            return 2
+        from mpifc.federated.defaults import default_clusters
+
+        return default_clusters(n_clients, n_subspaces, target is not None and target in subspace.features)
+
+    def plan_clusters(self, k_max: int) -> int:
+        """The plan's ``n_clusters``: the user's K, else the largest K of any task (at least 1)."""
+        return self.n_clusters if self.n_clusters is not None else k_max
 
     def _plan_fcdt(self, decls: list[ClientDeclaration], features: tuple[str, ...], meta: dict[str, str],
                    cats: dict[str, int], by_index: dict[int, ClientDeclaration], target: str | None,
@@ -498,8 +630,9 @@ class OnePassBuilder:
                 raise UserError(f"FC[DT]: client {d.index} uses learner {learner!r}; all clients must use 'dt'")
         tasks = [LeafTask(d.index, -1, tuple(f for f in features if f in d.features), 0,
                           derive_seed(self.seed, d.index), "dt") for d in sorted(decls, key=lambda d: d.index)]
-        return FederationPlan(features, meta, cats, [], tasks, by_index, self.glue, self.n_clusters,
-                              self.n_products, self.seed, target, setting, dict(self.hyperparameters), "fcdt")
+        return FederationPlan(features, meta, cats, [], tasks, by_index, self.glue, self.plan_clusters(2),
+                              self.n_products, self.seed, target, setting, dict(self.hyperparameters), "fcdt",
+                              self.defaults)
 
     @staticmethod
     def _check_aligned(decls: list[ClientDeclaration], why: str) -> None:
@@ -531,7 +664,12 @@ class OnePassBuilder:
             [ClientInfo(c, ranks[c], plan.declarations[c].features) for c in sorted(plan.declarations)],
             target=plan.target, setting=plan.setting)
         fc.meta.update(glue=plan.glue, n_clusters=plan.n_clusters, n_products=plan.n_products,
-                       seed=plan.seed)
+                       seed=plan.seed, defaults=plan.defaults)
+        if plan.setting == "central":
+            k = max([t.n_clusters for t in plan.tasks] + [1])
+            fc.meta["central"] = (f"Algorithm 1 on one client holding every row and feature: its rows in "
+                                  f"K = {k} k-means cluster(s), one client PC each"
+                                  + (" (one PC: no clustering)" if k == 1 else ", mixed by the glue"))
         leaf_ids: dict[tuple[int, int, int], int] = {}
         rows: dict[int, float] = {}
         for c in sorted(by_client):
@@ -626,6 +764,29 @@ class OnePassBuilder:
         return combos, weights
 
 
+def record_hyperparameters(fc: FederatedCircuit) -> FederatedCircuit:
+    """Set ``fc.meta["hyperparameters"]`` from the leaf models' fit records (JSON-ready): client
+    index -> one ``{"subspace", "cluster", "n_rows", "learner", "hyperparameters"[, "choice"]}``
+    per PC (cluster -1: unclustered), as each client's learner was called for it (and, where the
+    defaults chose between candidates, on which rows and with which held-out macro F1)."""
+    from mpifc.circuit.io import FIT_RECORD, fit_record
+    from mpifc.federated.wire_format import WireModel
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for n in sorted(fc.leaves, key=lambda n: (n.leaf.client, n.leaf.subspace, n.leaf.cluster)):
+        m = n.leaf.model
+        if isinstance(m, WireModel):
+            raw = m.group.attrs.get(FIT_RECORD)
+            rec = json.loads(raw) if raw is not None else None
+        else:
+            rec = fit_record(m) if m is not None else None
+        row = {"subspace": int(n.leaf.subspace), "cluster": int(n.leaf.cluster), "n_rows": int(n.leaf.n_rows),
+               "learner": n.leaf.learner}
+        out.setdefault(str(n.leaf.client), []).append({**row, **(rec or {})})
+    fc.meta["hyperparameters"] = out
+    return fc
+
+
 def insert_models(fc: FederatedCircuit, models: dict[tuple[int, int, int], Any]) -> FederatedCircuit:
     """Put learned models into the leaves, keyed by ``(client, subspace, cluster)``."""
     for n in fc.leaves:
@@ -641,4 +802,4 @@ def build_single_process(builder: OnePassBuilder, shards: Sequence[tuple[ClientD
     """Run Algorithm 1 in one process on ``(declaration, x_train)`` pairs (tests, baselines)."""
     plan = builder.plan([d for d, _ in shards], feature_order, target, setting)
     reports = [run_client_tasks(plan, d.index, x, d.features) for d, x in shards]
-    return builder.assemble(plan, reports, client_ranks)
+    return record_hyperparameters(builder.assemble(plan, reports, client_ranks))

@@ -34,7 +34,7 @@ import h5py
 import numpy as np
 
 from mpifc.atomic import atomic_path
-from mpifc.circuit.io import load_model
+from mpifc.circuit.io import load_model, save_model
 from mpifc.errors import UserError
 from mpifc.federated.structure import LEAF, ClientInfo, FederatedCircuit, LeafInfo, Node
 from mpifc.federated.wire_format import register_federated_models
@@ -121,7 +121,7 @@ def write_fc(fc: FederatedCircuit, group: h5py.Group, with_models: bool = True) 
         g.attrs["subspace"] = info.subspace
         g.attrs["features"] = json.dumps(list(info.features))
         if with_models and info.model is not None:
-            info.model.save(g.create_group("model"))
+            save_model(info.model, g.create_group("model"))
 
 
 def read_fc(group: h5py.Group, load_models: bool | set[int] = True) -> FederatedCircuit:

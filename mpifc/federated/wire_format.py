@@ -15,7 +15,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpifc.circuit.io import load_model
+from mpifc.circuit.io import load_model, save_model
 from mpifc.errors import UserError
 
 _MAGIC = b"FCW"  # opens every blob, followed by one byte: the wire version
@@ -378,7 +378,7 @@ class WireModel:
 
     def save(self, group: Any) -> None:
         if self._model is not None:  # rebuilt (and maybe changed, e.g. by EM): the model writes
-            self._model.save(group)
+            save_model(self._model, group)
         elif isinstance(group, WireGroup):
             _copy_wire(self.group, group)
         else:
@@ -431,7 +431,7 @@ def model_to_bytes(model: Any) -> np.ndarray:
     for a LearnSPN SPN, whose names are all listed (the JSON header of version 1 was ~560).
     """
     root = WireGroup()
-    model.save(root)
+    save_model(model, root)
     if isinstance(model, WireModel):
         n_params = model.n_parameters
     else:

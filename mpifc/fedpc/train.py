@@ -59,6 +59,7 @@ from mpifc.federated.one_pass import (
     clusters_without_target,
     insert_models,
     pack_cluster_ids,
+    record_hyperparameters,
     run_client_tasks,
     unpack_cluster_ids,
 )
@@ -76,11 +77,15 @@ def client_plan(plan: FederationPlan, client: int) -> FederationPlan:
 
 
 def builder_from_config(cfg: dict[str, Any]) -> OnePassBuilder:
+    """The builder of a settings dict: ``clusters`` None (or absent) lets the defaults choose
+    K per subspace; ``defaults`` ("adaptive", the default, or "learner") fills what the user
+    did not set (:mod:`mpifc.federated.defaults`)."""
     hp = dict(cfg.get("hyperparameters") or {})
-    return OnePassBuilder(n_clusters=int(cfg["clusters"]), n_products=int(cfg["products"]), glue=cfg["glue"],
-                          seed=int(cfg["seed"]), learner=cfg["learner"],
+    k = cfg.get("clusters")
+    return OnePassBuilder(n_clusters=None if k is None else int(k), n_products=int(cfg["products"]),
+                          glue=cfg["glue"], seed=int(cfg["seed"]), learner=cfg["learner"],
                           learners={int(k): v for k, v in (cfg.get("client_learners") or {}).items()},
-                          hyperparameters=hp)
+                          hyperparameters=hp, defaults=cfg.get("defaults") or "adaptive")
 
 
 def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] | None:
@@ -127,6 +132,7 @@ def warm_up(learners: set[str], cluster: bool = True, fit: bool = False) -> None
 # Learners whose first call pays one-off start-up costs worth paying before the clock.
 _WARM_FIT = {"learnspn": {"threshold": 0.3, "min_instances_slice": 16}}
 _WARM_LEAVES = {"learnspn": ("auto", "piecewise", "histogram")}
+_WARM_DISCRETE = {"learnspn": ({"col_split": "gtest", "gtest_pvalue": 0.05, "min_instances_slice": 16, "class_column": 0},)}
 
 
 def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
@@ -154,6 +160,13 @@ def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
                 model_to_bytes(model)
             except Exception:  # noqa: BLE001 - warm-up is best effort; the real call reports errors
                 pass
+        for extra in _WARM_DISCRETE.get(name, ()):
+            # the adaptive defaults' paths: the G-test split (its chi-squared critical values) and
+            # the class split on discrete columns
+            try:
+                fit_leaf(name, x[:, 2:], ["discrete", "categorical"], 0, n_categories=[2, 3], **extra)
+            except Exception:  # noqa: BLE001
+                pass
     if cluster:
         from mpifc.federated.one_pass import cluster_rows
 
@@ -166,7 +179,7 @@ def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
 def fit_client(plan: FederationPlan, index: int, data: ClientData) -> ClientReport:
     """Client ``index``'s part of Algorithm 1 on its own rows: its leaf PCs, counts and (with the
     cooccurrence glue) cluster ids. The MPI job and :func:`mpifc.api.simulate` both call this."""
-    return run_client_tasks(plan, index, data.shard.x_train, data.shard.features)
+    return run_client_tasks(plan, index, data.shard.x_train, data.shard.features, x_valid=data.shard.x_valid)
 
 
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
@@ -348,10 +361,12 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     messages = int(len(rows) + sent[:, 0].sum())
     client_busy = {c: float(sum(v.values())) for c, v in client_times.items()}
     server_busy = float(sum(busy.values()))
+    record_hyperparameters(fc)
     summary = {
         "model": str(cfg["model"]),
         "setting": manifest.setting,
-        "learner": cfg["learner"], "glue": cfg["glue"], "clusters": int(cfg["clusters"]),
+        "learner": cfg["learner"], "glue": cfg["glue"], "clusters": int(plan.n_clusters),
+        "preset": cfg.get("preset") or "adaptive",
         "products": int(cfg["products"]), "seed": int(cfg["seed"]), "assign": cfg["assign"],
         # opt-in plan option (one_pass.CLUSTER_WITHOUT_TARGET), recorded only when on
         **({"cluster_without_target": True} if clusters_without_target(plan.hyperparameters) else {}),

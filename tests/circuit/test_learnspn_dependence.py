@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpifc.circuit.rdc import _random_feature_rdc, ecdf, gtest_pvalues, rdc_matrix
+from mpifc.circuit.rdc import _random_feature_rdc, ecdf, gtest_dependent, gtest_pvalues, gtest_statistics, rdc_matrix
 from mpifc.circuit.splitting import split_columns_gtest, split_columns_rdc, split_rows
 
 
@@ -166,3 +166,26 @@ def test_rdc_matrix_equals_per_pair_cca() -> None:
             want = 1.0 if i == j else np.linalg.svd(bases[i].T @ bases[j], compute_uv=False)[0]
             assert abs(got[i, j] - want) < 1e-4, (i, j, got[i, j], want)  # ill-conditioned features
     assert np.array_equal(got, got.T)
+
+
+def test_gtest_dependent_equals_the_pvalue_threshold() -> None:
+    """The critical-value comparison decides every pair as the p-values do (binary fast path and
+    the one-hot path, columns with a single value included)."""
+    rng = np.random.default_rng(4)
+    for trial in range(60):
+        n, d = int(rng.integers(5, 200)), int(rng.integers(2, 8))
+        cards = [2] * d if trial % 2 else list(rng.integers(2, 5, d))
+        x = np.column_stack([rng.integers(0, c, n) for c in cards]).astype(float)
+        x[:, 1] = np.where(rng.random(n) < 0.6, np.minimum(x[:, 0], cards[1] - 1), x[:, 1])
+        if trial % 5 == 0:
+            x[:, -1] = 0.0
+        p = gtest_pvalues(x, cards)
+        for level in (0.05, 1e-3, 1e-6):
+            want = p < level
+            np.fill_diagonal(want, True)
+            assert np.array_equal(gtest_dependent(x, cards, level), want)
+    # the binary path's statistics are the one-hot path's
+    x = rng.integers(0, 2, (300, 6)).astype(float)
+    g2, dof2 = gtest_statistics(np.column_stack([x, np.zeros(300)]), [2] * 6 + [3])
+    g, dof = gtest_statistics(x, [2] * 6)
+    assert np.allclose(g, g2[:6, :6], atol=1e-9) and np.array_equal(dof, dof2[:6, :6])

@@ -1,0 +1,200 @@
+"""Default hyperparameters that adapt to a client's data: the rule ``mpifc train`` applies to
+every hyperparameter the user did not set.
+
+A fixed default cannot fit every client: LearnSPN's ``min_instances_slice = 200`` fully
+factorises every PC of a client with fewer rows (so ``p(y | x) = p(y)``, a majority-class
+model), and an RDC threshold of 0.3 calls almost every pair of binary columns independent. The
+rule here is a pure function of what is known about the rows one PC is fitted on -- the learner,
+the number of rows, the columns' meta-types, whether the classification target is one of them --
+and of the hyperparameters the user set, which always win. The server evaluates the same
+function on the row counts the clients report, so the model file records what every PC was
+learned with (``meta["hyperparameters"]``) without any extra message.
+
+LearnSPN (the only learner with adapted keys, :data:`ADAPTED_KEYS`; the others keep their own
+defaults), for a PC of ``n`` rows and ``d`` columns:
+
+* every column discrete or categorical (binary sets, codes) -> the G-test column split
+  (``col_split="gtest"``) at a family-wise level of 5 % over the PC's ``d (d - 1) / 2`` pairwise
+  tests (``gtest_pvalue = 0.05 / (d (d - 1) / 2)``). The test's critical value is about the
+  rows, so weak dependencies count on many rows and chance ones on few; the test itself stops
+  the splitting where nothing is significant, so slices stop at ``min_instances_slice = 50``
+  rows (a quarter of the PC's rows when fewer). One k-means restart per row split
+  (``n_init = 1``; its binary clusters change the likelihood by < 0.2 % and it is two thirds of
+  the clustering time).
+* any real column -> the RDC column split at ``threshold = 0.3``, ``min_instances_slice`` a
+  tenth of the PC's rows between 10 and 100 (the RDC has no such brake: on a few rows columns
+  look dependent by chance), ``leaf="mixed"``: a histogram leaf for a real column whose most
+  frequent value holds at least 5 % of the rows (codes, counts, imputed values stored as reals:
+  a Gaussian would put a variance-floor spike on it in every slice where it is constant),
+  Gaussians for the others, and Laplace smoothing ``alpha = 0.01`` (a pseudo-count per bin or
+  value, small against a slice's rows).
+* a PC that holds the target -> two candidates, chosen between on held-out rows by macro F1
+  of the target (:func:`target_candidates`; the client's own validation rows when its shard
+  has some, else a fifth of the PC's rows, after which the winner is refitted on all of them):
+  ``target_first`` (its rows split by the target's value first, ``p(y) p(x | y)``: every other
+  column informs the prediction, and no column split can leave the target on its own), with
+  the leaves above; or the joint LearnSPN with Gaussian leaves (``leaf="auto"``). Neither wins
+  everywhere: the class split is what lets small clients (breast cancer) predict at all, while
+  on a rare class among count-valued columns (Give Me Some Credit) the per-class Gaussians'
+  spikes make it call defaulters everywhere and the joint model is better in F1 and likelihood.
+
+A user-set ``threshold``, ``rdc_k`` or ``rdc_ties`` keeps the RDC, a user-set ``gtest_pvalue`` the
+G-test, whatever the meta-types.
+
+Algorithm 1's K (clusters per single-owner subspace, ``--clusters``; :func:`default_clusters`):
+a subspace that holds the target is learned as one PC (K = 1: no "label clusters", which the
+random glue would pair with unrelated clusters of other clients), as is the single subspace of
+a one-client federation (``--setting central``: one LearnSPN, whose own first row split weighs
+its clusters by their rows); every other single-owner subspace gets the paper's K = 2.
+
+Presets (:data:`PRESETS`): ``adaptive`` (this rule, the default), ``learner`` (every learner's
+own defaults and K = 2: the rule off) and ``paper`` (Table 4 of the paper, resolved by the
+command line from :mod:`mpifc.experiments.paper`, then the ``learner`` defaults for the rest).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+PRESETS = ("adaptive", "learner", "paper")
+"""``mpifc train --preset``: which defaults fill the hyperparameters the user did not set."""
+
+ADAPTED_KEYS = {"learnspn": ("col_split", "gtest_pvalue", "threshold", "min_instances_slice", "n_init", "leaf",
+                             "alpha", "target_first")}
+"""Per learner, the hyperparameters the adaptive rule may set (all others: the learner's own)."""
+
+FAMILY_WISE_LEVEL = 0.05
+"""Probability that a G-test column split joins two independent columns by chance (Bonferroni)."""
+
+GTEST_MIN_SLICE = 50
+"""Rows below which a G-test LearnSPN slice is factorised (at most a quarter of the PC's rows)."""
+
+GTEST_N_INIT = 1
+"""k-means restarts per row split of a G-test LearnSPN."""
+
+RDC_THRESHOLD = 0.3
+"""RDC above which two columns count as dependent (LearnSPN's own default)."""
+
+RDC_SLICE_FRACTION = 0.1
+RDC_MIN_SLICE = (10, 100)
+"""RDC LearnSPN: ``min_instances_slice = clip(round(RDC_SLICE_FRACTION * n), *RDC_MIN_SLICE)``."""
+
+RDC_LEAF = "mixed"
+RDC_ALPHA = 0.01
+"""RDC LearnSPN leaves: histogram for real columns with a point mass, Gaussian otherwise
+(:data:`mpifc.circuit.learnspn.POINT_MASS_SHARE`), smoothed with ``RDC_ALPHA`` per bin/value."""
+
+_RDC_KEYS = ("threshold", "rdc_k", "rdc_ties")
+
+
+def gtest_pvalue(n_columns: int) -> float:
+    """The G-test level of a ``n_columns``-column PC: :data:`FAMILY_WISE_LEVEL` split evenly over
+    its ``n_columns (n_columns - 1) / 2`` pairwise tests (at most :data:`FAMILY_WISE_LEVEL`)."""
+    pairs = max(1, int(n_columns) * (int(n_columns) - 1) // 2)
+    return FAMILY_WISE_LEVEL / pairs
+
+
+def column_split(meta_types: Sequence[str], explicit: Mapping[str, Any]) -> str:
+    """``"gtest"`` or ``"rdc"``: the user's ``col_split``, else the split their other keys imply,
+    else the G-test when every column is discrete or categorical."""
+    if "col_split" in explicit:
+        return str(explicit["col_split"])
+    if "gtest_pvalue" in explicit:
+        return "gtest"
+    if any(k in explicit for k in _RDC_KEYS):
+        return "rdc"
+    return "gtest" if meta_types and all(m in ("discrete", "categorical") for m in meta_types) else "rdc"
+
+
+def learnspn_defaults(n_rows: int, meta_types: Sequence[str], holds_target: bool,
+                      explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The adaptive LearnSPN hyperparameters of one PC that the user did not set (module doc).
+
+    Args:
+        n_rows: rows the PC is learned on (a cluster's rows for a clustered subspace).
+        meta_types: per column of the PC, ``"real"``, ``"discrete"`` or ``"categorical"``.
+        holds_target: whether the classification target is one of the PC's columns.
+        explicit: the hyperparameters the user set.
+    """
+    explicit = dict(explicit or {})
+    n = max(int(n_rows), 1)
+    out: dict[str, Any] = {"col_split": column_split(meta_types, explicit)}
+    if out["col_split"] == "gtest":
+        out["gtest_pvalue"] = gtest_pvalue(len(meta_types))
+        out["min_instances_slice"] = max(2, min(GTEST_MIN_SLICE, n // 4))
+        out["n_init"] = GTEST_N_INIT
+    else:
+        out["threshold"] = RDC_THRESHOLD
+        lo, hi = RDC_MIN_SLICE
+        out["min_instances_slice"] = int(min(max(round(RDC_SLICE_FRACTION * n), lo), hi))
+        out["leaf"] = RDC_LEAF
+        out["alpha"] = RDC_ALPHA
+    if holds_target:
+        out["target_first"] = "auto"
+    return {k: v for k, v in out.items() if k not in explicit}
+
+
+def adaptive_hyperparameters(learner: str, n_rows: int, meta_types: Sequence[str], holds_target: bool,
+                             explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``explicit`` completed by the adaptive rule for ``learner`` (module doc); explicit keys win.
+
+    Learners without adapted keys (:data:`ADAPTED_KEYS`) get ``explicit`` unchanged.
+    """
+    explicit = dict(explicit or {})
+    if learner == "learnspn":
+        return {**learnspn_defaults(n_rows, meta_types, holds_target, explicit), **explicit}
+    return explicit
+
+
+HELD_OUT_FRACTION = 0.2
+"""Share of a PC's rows held out to choose between :func:`target_candidates` when its client
+has no validation rows of its own."""
+
+MIN_HELD_OUT = 10
+"""Fewer held-out rows than this: no choice, the first candidate (the class split)."""
+
+
+def target_candidates(hp: Mapping[str, Any], explicit: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The hyperparameters to choose between for one PC (one entry: nothing to choose).
+
+    ``hp`` is :func:`adaptive_hyperparameters`' result; with ``target_first="auto"`` (a PC that
+    holds the target, the user having set no ``target_first``) the candidates are the class
+    split with ``hp``'s leaves, then the joint model with Gaussian leaves (``leaf="auto"``,
+    unless the user set a leaf). Ties go to the first.
+    """
+    if hp.get("target_first") != "auto":
+        return [dict(hp)]
+    explicit = dict(explicit or {})
+    split = {**hp, "target_first": True}
+    joint = {**hp, "target_first": False}
+    if "leaf" not in explicit and "leaf" in joint:
+        joint["leaf"] = "auto"
+    return [split, joint]
+
+
+def default_clusters(n_clients: int, n_subspaces: int, holds_target: bool) -> int:
+    """K of one single-owner subspace when ``--clusters`` is not given (module doc).
+
+    Args:
+        n_clients: clients in the federation.
+        n_subspaces: subspaces of the federation (shared and single-owner).
+        holds_target: whether the subspace holds the classification target.
+    """
+    if holds_target or (n_clients == 1 and n_subspaces == 1):
+        return 1
+    return 2
+
+
+RULE_HELP = (
+    "Hyperparameters not given follow the adaptive rule (--preset adaptive, the default; "
+    "mpifc.federated.defaults), per client PC of n rows and d columns: LearnSPN on all-discrete "
+    "columns uses the G-test at p = 0.05 / (d(d-1)/2), min_instances_slice min(50, n/4), one k-means "
+    "restart; with any real column the RDC at threshold 0.3, min_instances_slice = n/10 clipped to "
+    "[10, 100], histogram leaves for real columns with a point mass (a value on >= 5% of the rows), "
+    "Gaussians otherwise, alpha 0.01; a PC holding the target chooses, by macro F1 on held-out "
+    "rows (the shard's validation rows, else a fifth of its rows), between splitting its rows by "
+    "the target first (target_first) and the joint LearnSPN with Gaussian leaves. K (--clusters) "
+    "is 1 for the subspace holding the target and for a one-client federation, else 2. Explicit flags and --hp keys always win; the values used are in the "
+    "model's meta (hyperparameters). --preset learner: the learners' own defaults (LearnSPN "
+    "threshold 0.3, min_instances_slice 200), K = 2; --preset paper: the paper's Table 4 for the "
+    "shards' dataset and setting.")
+"""The rule in one paragraph, for ``mpifc train --help``."""
