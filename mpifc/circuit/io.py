@@ -40,7 +40,7 @@ def save_model(model: Any, group: Any) -> None:
     model.save(group)
     hp = fit_record(model)
     if hp is not None:
-        group.attrs[FIT_RECORD] = json.dumps(hp, default=lambda v: v.item(), sort_keys=True)
+        group.attrs[FIT_RECORD] = json.dumps(hp, default=lambda v: v.item(), sort_keys=True, separators=(",", ":"))
 
 
 def load_model(group: h5py.Group) -> Any:

@@ -429,7 +429,11 @@ def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.
             best = int(np.argmax(scores))
             hp = cands[best]
             model = fitted[best] if train is x else None
-            choice = {"on": where, "rows": int(len(test)), "candidates": cands, "macro_f1": scores}
+            # the candidates by name (their settings follow from the plan): the record travels with
+            # the model, so it stays a few dozen bytes
+            names = ["class_split" if "class_column" in c else "joint" for c in cands]
+            choice = {"on": where, "rows": int(len(test)), "candidates": names,
+                      "macro_f1": [round(float(v), 6) for v in scores], "chosen": names[best]}
     if model is None:
         model = fit(task.learner, x, meta, seed, n_categories=ks, **hp, **extra)
     record: dict[str, Any] = {"hyperparameters": hp}

@@ -138,8 +138,9 @@ def test_the_meta_records_what_each_client_fitted_with():
         assert hp["threshold"] == 0.35 and hp["col_split"] == "rdc"
     choice = rows[(0, 0, 0)]["choice"]
     assert choice["on"] == "held-out training rows" and choice["rows"] == 40
-    assert [("class_column" in c) for c in choice["candidates"]] == [True, False]
-    assert rows[(0, 0, 0)]["hyperparameters"] == choice["candidates"][int(np.argmax(choice["macro_f1"]))]
+    assert choice["candidates"] == ["class_split", "joint"]
+    assert choice["chosen"] == choice["candidates"][int(np.argmax(choice["macro_f1"]))]
+    assert ("class_column" in rows[(0, 0, 0)]["hyperparameters"]) == (choice["chosen"] == "class_split")
     assert all("choice" not in rows[(1, 1, k)] for k in (0, 1))
     again = build_single_process(builder, shards, ["a0", "a1", "y", "b0", "b1"], "y", "vertical")
     assert again.meta["hyperparameters"] == fc.meta["hyperparameters"]
