@@ -272,7 +272,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     assign_psi(fc, assign, n_servers)
     insert_models(fc, {(r.client, leaf.subspace, leaf.cluster): leaf.model for r in reports for leaf in r.leaves})
     fc.validate(require_models=True)
-    record_hyperparameters(fc)
+    record_hyperparameters(fc, plan)
     fc.meta.update(codec=model_codec(m), simulated=True, preset=preset)
     if model is not None:
         save_fc(fc, model)

@@ -436,13 +436,13 @@ def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.
                       "macro_f1": [round(float(v), 6) for v in scores], "chosen": names[best]}
     if model is None:
         model = fit(task.learner, x, meta, seed, n_categories=ks, **hp, **extra)
-    record: dict[str, Any] = {"hyperparameters": hp}
     if choice is not None:
-        record["choice"] = choice
-    try:
-        model.fit_record = record
-    except AttributeError:
-        pass  # a model without instance attributes: its fit goes unrecorded
+        # Only the choice travels with the model (a few dozen bytes): the settings themselves
+        # follow from the plan and the row count (record_hyperparameters recomputes them).
+        try:
+            model.fit_record = {"choice": choice}
+        except AttributeError:
+            pass  # a model without instance attributes: the choice goes unrecorded
     return model
 
 
@@ -768,25 +768,37 @@ class OnePassBuilder:
         return combos, weights
 
 
-def record_hyperparameters(fc: FederatedCircuit) -> FederatedCircuit:
-    """Set ``fc.meta["hyperparameters"]`` from the leaf models' fit records (JSON-ready): client
-    index -> one ``{"subspace", "cluster", "n_rows", "learner", "hyperparameters"[, "choice"]}``
-    per PC (cluster -1: unclustered), as each client's learner was called for it (and, where the
-    defaults chose between candidates, on which rows and with which held-out macro F1)."""
+def record_hyperparameters(fc: FederatedCircuit, plan: FederationPlan) -> FederatedCircuit:
+    """Set ``fc.meta["hyperparameters"]`` (JSON-ready): client index -> one ``{"subspace",
+    "cluster", "n_rows", "learner", "hyperparameters"[, "choice"]}`` per PC (cluster -1:
+    unclustered), as each client's learner was called for it. The settings are recomputed from
+    ``plan`` and the PC's row count by :func:`leaf_candidates` (a pure function, so they are what
+    the client used); where the defaults chose between candidates on held-out rows, the PC's
+    model carries the choice (its rows, scores and winner) and the winner's settings are listed."""
     from mpifc.circuit.io import FIT_RECORD, fit_record
     from mpifc.federated.wire_format import WireModel
 
+    tasks = {(t.client, t.subspace): t for t in plan.tasks}
     out: dict[str, list[dict[str, Any]]] = {}
     for n in sorted(fc.leaves, key=lambda n: (n.leaf.client, n.leaf.subspace, n.leaf.cluster)):
         m = n.leaf.model
         if isinstance(m, WireModel):
             raw = m.group.attrs.get(FIT_RECORD)
-            rec = json.loads(raw) if raw is not None else None
+            rec = json.loads(raw) if raw is not None else {}
         else:
-            rec = fit_record(m) if m is not None else None
+            rec = (fit_record(m) if m is not None else None) or {}
+        task = tasks.get((n.leaf.client, n.leaf.subspace))
+        hp: dict[str, Any] = {}
+        if task is not None:
+            cands = leaf_candidates(plan, task, int(n.leaf.n_rows))
+            names = ["class_split" if "class_column" in c else "joint" for c in cands]
+            chosen = rec.get("choice", {}).get("chosen")
+            hp = cands[names.index(chosen)] if chosen in names and len(cands) > 1 else cands[0]
         row = {"subspace": int(n.leaf.subspace), "cluster": int(n.leaf.cluster), "n_rows": int(n.leaf.n_rows),
-               "learner": n.leaf.learner}
-        out.setdefault(str(n.leaf.client), []).append({**row, **(rec or {})})
+               "learner": n.leaf.learner, "hyperparameters": hp}
+        if "choice" in rec:
+            row["choice"] = rec["choice"]
+        out.setdefault(str(n.leaf.client), []).append(row)
     fc.meta["hyperparameters"] = out
     return fc
 
@@ -806,4 +818,4 @@ def build_single_process(builder: OnePassBuilder, shards: Sequence[tuple[ClientD
     """Run Algorithm 1 in one process on ``(declaration, x_train)`` pairs (tests, baselines)."""
     plan = builder.plan([d for d, _ in shards], feature_order, target, setting)
     reports = [run_client_tasks(plan, d.index, x, d.features) for d, x in shards]
-    return record_hyperparameters(builder.assemble(plan, reports, client_ranks))
+    return record_hyperparameters(builder.assemble(plan, reports, client_ranks), plan)

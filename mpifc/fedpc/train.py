@@ -361,7 +361,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     messages = int(len(rows) + sent[:, 0].sum())
     client_busy = {c: float(sum(v.values())) for c, v in client_times.items()}
     server_busy = float(sum(busy.values()))
-    record_hyperparameters(fc)
+    record_hyperparameters(fc, plan)
     summary = {
         "model": str(cfg["model"]),
         "setting": manifest.setting,

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
+from scipy.special import logsumexp
 
 from mpifc.circuit import learnspn as L
 from mpifc.circuit.graph import LeafNode, ProductNode, SumNode, topological_order, validate
@@ -33,7 +33,7 @@ def test_class_split_is_a_normalised_class_conditional_model() -> None:
         assert isinstance(child, ProductNode)
         assert [c.var for c in child.children if isinstance(c, LeafNode) and c.var == 2] == [2]
     grid = np.array(list(itertools.product([0.0, 1.0], repeat=5)))
-    assert torch.logsumexp(model.log_likelihood(grid), 0).item() == pytest.approx(0.0, abs=1e-9)
+    assert logsumexp(model.log_likelihood(grid)) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_class_split_predicts_from_every_column() -> None:
@@ -50,7 +50,7 @@ def test_class_split_predicts_from_every_column() -> None:
     for column in (None, 2):
         model = learn_spn(data, ["discrete"] * 5, col_split="gtest", gtest_pvalue=1e-20, min_instances_slice=30,
                           class_column=column)
-        pred = model.log_likelihood(blank).reshape(-1, 2).argmax(1).numpy()
+        pred = model.log_likelihood(blank).reshape(-1, 2).argmax(1)
         acc[column] = np.mean(pred == test[:, 2])
     assert acc[None] == majority and acc[2] > 0.85
 

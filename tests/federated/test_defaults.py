@@ -130,7 +130,7 @@ def test_the_meta_records_what_each_client_fitted_with():
     for r in reports:  # as the server holds them: decoded wire blobs
         for leaf in r.leaves:
             leaf.model = model_from_bytes(model_to_bytes(leaf.model), lazy=True)
-    fc = record_hyperparameters(builder.assemble(plan, reports))
+    fc = record_hyperparameters(builder.assemble(plan, reports), plan)
     rows = {(int(c), r["subspace"], r["cluster"]): r for c, pcs in fc.meta["hyperparameters"].items() for r in pcs}
     assert set(rows) == set(final) and len(rows) == 3  # the owner's one PC, client 1's two clusters
     for key, (n, hp) in final.items():
@@ -149,11 +149,15 @@ def test_the_meta_records_what_each_client_fitted_with():
 def test_fit_records_survive_the_model_file(tmp_path):
     from mpifc.federated.serialize import load_fc, save_fc
 
-    fc = build_single_process(OnePassBuilder(n_clusters=None), _vertical(120), ["a0", "a1", "y", "b0", "b1"], "y",
-                              "vertical")
+    builder = OnePassBuilder(n_clusters=None)
+    fc = build_single_process(builder, _vertical(120), ["a0", "a1", "y", "b0", "b1"], "y", "vertical")
     save_fc(fc, tmp_path / "m.h5")
     back = load_fc(tmp_path / "m.h5")
-    assert record_hyperparameters(back).meta["hyperparameters"] == fc.meta["hyperparameters"]
+    assert back.meta["hyperparameters"] == fc.meta["hyperparameters"]
+    assert any("choice" in pc for pcs in fc.meta["hyperparameters"].values() for pc in pcs)
+    back.meta.pop("hyperparameters")
+    plan = _plan(builder, _vertical(120))
+    assert record_hyperparameters(back, plan).meta["hyperparameters"] == fc.meta["hyperparameters"]
 
 
 def test_central_learns_one_pc_and_says_so():

@@ -94,6 +94,8 @@ def test_cluster_pcs_still_model_the_target_and_learners_never_see_the_option():
     calls = []
 
     def fit(learner, xs, meta, seed, n_categories=None, **hp):
+        floors = hp.pop("var_min_var")  # the client's tie floors: data, one per column
+        assert len(floors) == xs.shape[1]
         calls.append((xs.shape[1], list(meta), dict(hp)))
         return None
 
