@@ -108,14 +108,14 @@ def hyperparameters(dataset: str, setting: str, quick: bool = False) -> tuple[di
 def horizontal_split(dataset: str, choice: str = "paper") -> str:
     """The sample split of a horizontal cell: ``choice`` unless it is ``"paper"``.
 
-    The paper says two things. Q1's text: "each client received data from only a subset of
+    The paper says two things. Its text on Table 1 (section 4, first question): "each client received data from only a subset of
     classes in the horizontal case" (to show robustness to label shifts); appendix E: "In
     horizontal cases, we either split samples randomly across clients (done for all binary
     classification tasks) or we distribute a subset of the dataset corresponding to a certain
     label (e.g. the 0 in MNIST) to one client". ``"paper"`` follows the appendix, the more
     specific of the two: a random (``iid``) split for the binary tabular sets, a label split for
-    MNIST. ``"label"`` reproduces Q1's reading everywhere (sessions 3-6 ran Table 1 so: with two
-    classes over five clients the largest client then holds up to a quarter of the rows).
+    MNIST. ``"label"`` reproduces the section's reading everywhere (with two classes over five clients
+    the largest client then holds up to a quarter of the rows).
     """
     if choice not in SPLITS:
         raise UserError(f"table1: --horizontal-split must be one of {', '.join(SPLITS)}, got {choice!r}")
@@ -215,8 +215,8 @@ def fit_critical_path(job: dict[str, Any]) -> float:
     The job's own ``train_seconds_critical_path`` also counts each client's ``read`` (opening
     its HDF5 shard: ~10-15 ms, a third of a breast-cancer client's whole path), while the
     centralized reference counts ``learn_spn`` alone, its data already in memory; this figure
-    leaves reading out on both sides, as ``launch/bench/fedpc.py`` does. (MNIST cells of runs
-    before session 7 used the job's figure.)
+    leaves reading out on both sides, as ``launch/bench/fedpc.py`` does. (Older MNIST cells
+    used the job's figure.)
     """
     clients = job.get("client_seconds") or {}
     if not clients:
@@ -509,7 +509,7 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
         "clients": ", ".join(f"{s} {clients[s]}" for s in settings),
         "horizontal split": (f"--horizontal-split {split_choice}: "
                              + ("random (iid) for the binary tabular sets, label split for MNIST, as appendix E "
-                                "states (Q1's text speaks of label subsets; `--horizontal-split label` runs that)"
+                                "states (section 4's text speaks of label subsets; `--horizontal-split label` runs that)"
                                 if split_choice == "paper" else f"{split_choice} for every dataset")),
         "rows per dataset": rows or ("all" if set(datasets) != {"mnist"} else mnist_rows),
         "log-likelihood": "mean test log-likelihood per row in nats, target column included (MNIST: see below)",
