@@ -237,11 +237,13 @@ def plot(path: Path, agg: list[dict[str, Any]], alpha: float, beta: float, per_b
     fig = Figure(figsize=(12, 10), layout="constrained")
     (a1, a2), (a3, a4) = fig.subplots(2, 2)
     a2b = a2.twinx()
+    all_ranks: set[int] = set()
     for mode, ls in (("strong", "-"), ("weak", "--")):
         rows = sorted((a for a in agg if a["setting"] == mode and a["status"] == OK), key=lambda a: a["clients"])
         if not rows:
             continue
         r = [a["clients"] + 1 + n_srv for a in rows]
+        all_ranks.update(r)
         a1.plot(r, [a["wall_seconds_mean"] for a in rows], ls, marker="o", label=f"{mode}: job wall")
         a1.plot(r, [a["train_seconds_critical_path_mean"] for a in rows], ls, marker="s",
                 label=f"{mode}: critical path")
@@ -260,6 +262,8 @@ def plot(path: Path, agg: list[dict[str, Any]], alpha: float, beta: float, per_b
     for ax in (a1, a2, a3):
         ax.set_xlabel("ranks")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(all_ranks), [str(x) for x in sorted(all_ranks)], minor=False)
+        ax.set_xticks([], minor=True)
         ax.grid(alpha=0.3, which="both" if ax is a1 else "major")
     a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     h2, l2 = a2.get_legend_handles_labels()
