@@ -1,19 +1,23 @@
 """The ``csv`` dataset: a user's own CSV or NPY file described by a small JSON schema.
 
 The schema sits beside the data as ``<stem>.schema.json`` (``data.csv`` ->
-``data.schema.json``)::
+``data.schema.json``); this example is valid JSON as it stands::
 
     {"columns": [{"name": "age", "type": "discrete"},
                  {"name": "city", "type": "categorical"},
                  {"name": "id", "type": "skip"},
                  {"name": "label", "type": "categorical"}],
-     "target": "label",            # or null for unlabelled data
-     "header": true,               # CSV only: first line names the columns
-     "delimiter": ",",             # CSV only
-     "missing": ["", "?", "NA"]}   # CSV only: tokens meaning "missing"
+     "target": "label",
+     "header": true,
+     "delimiter": ",",
+     "missing": ["", "?", "NA"]}
 
-Types are ``real``, ``discrete``, ``categorical`` or ``skip``. With a header, columns are
-matched by name; without one (and for NPY, a 2-D numeric array) they are taken in order.
+Fields: ``columns`` (required), each a ``name`` and a ``type``: ``real``, ``discrete``,
+``categorical`` or ``skip`` (the column is read and dropped); ``target``, the column to predict,
+or ``null`` for unlabelled data; and for CSV only: ``header`` (default ``true``: the first line
+names the columns), ``delimiter`` (default ``","``) and ``missing``, the tokens that mean a
+missing cell (default ``["", "?", "NA"]``). With a header, columns are matched by name; without
+one (and for NPY, a 2-D numeric array) they are taken in order.
 """
 from __future__ import annotations
 

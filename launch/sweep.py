@@ -24,7 +24,7 @@ from mpifc.errors import UserError  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch/sweep.py", description=__doc__.split("\n")[0])
-    p.add_argument("--ranks", default="2,4,8,16,32", help="rank counts, e.g. 2,4,8,16,32 or 2-5")
+    p.add_argument("--ranks", default=None, help="rank counts, e.g. 2,4,8,16,32 or 2-5 (default 2,4,8,16,32; --quick: 2,3)")
     p.add_argument("--out", default="results/scaling", help="result folder")
     p.add_argument("--modes", default="strong,weak", help="strong, weak or both")
     p.add_argument("--dataset", default=None, help="data_prep dataset (default: adult if present, else breast-cancer)")
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", default=None, help="shard cache folder (default OUT/shards)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before one job is killed")
     p.add_argument("--quick", action="store_true", help="tiny version (ranks 2,3 unless given)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     return p
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpifc.experiments.scaling import run
 
     try:
-        ranks = parse_int_list(args.ranks, "--ranks")
+        ranks = parse_int_list(args.ranks or ("2,3" if args.quick else "2,4,8,16,32"), "--ranks")
         if min(ranks) < 2:
             raise UserError(f"--ranks {args.ranks!r}: every rank count must be >= 2")
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]

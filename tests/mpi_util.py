@@ -1,4 +1,4 @@
-"""Run real ``mpiexec`` jobs as subprocesses of the pytest session, always with a timeout."""
+"""Run real ``mpiexec`` jobs as subprocesses of pytest, always with a timeout."""
 from __future__ import annotations
 
 import os
@@ -38,7 +38,7 @@ def run_mpi(n: int, args: list[str], timeout: float = 120.0, cwd: str | Path | N
     if env:
         full_env.update(env)
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, *args]
-    # A session of its own, so a timeout can end mpiexec *and* its proxies and ranks: killing
+    # A process group of its own, so a timeout can end mpiexec *and* its proxies and ranks: killing
     # mpiexec alone would leave orphaned ranks spinning on a shared machine.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=str(cwd or REPO), env=full_env, start_new_session=True)

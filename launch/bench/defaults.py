@@ -70,7 +70,7 @@ def cells(groups: list[str], max_rows: int) -> list[dict[str, Any]]:
 
 
 def run(cmd: list[str], timeout: float) -> tuple[str, float]:
-    """Run ``cmd`` in its own session; (stdout, wall seconds). A timeout ends the whole group."""
+    """Run ``cmd`` in a process group of its own; (stdout, wall seconds). A timeout ends the whole group."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()

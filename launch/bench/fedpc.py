@@ -6,7 +6,7 @@ Usage (from the repo root, venv python)::
         --split iid --out /tmp/fedpc-bench
 
 Per dataset (horizontal, ``--clients`` clients, ``--split`` iid (the paper's appendix E for the
-binary tasks) or label (each client holds one class, as Q1's text and ``mpifc.experiments.table1``)):
+binary tasks) or label (each client holds one class, as the paper's text on its first question (Table 1) and ``mpifc.experiments.table1``)):
 
 * **Training time.** One ``mpiexec`` training job (``mpifc.fedpc.job train``) and LearnSPN on
   the union of the same client rows in this process, with the SAME hyperparameters, passed

@@ -324,12 +324,14 @@ def _human(n: float) -> str:
 
 
 def plot_appendix_d(path: str | Path, sc: Scenario = PAPER,
-                    measured: Sequence[MeasuredPoint] = ()) -> Path:
+                    measured: Sequence[MeasuredPoint] = (), measured_note: str | None = None) -> Path:
     """Redraw appendix D's Fig. 5 from the closed forms (log-scale MB), measured points on top.
 
     Two panels (horizontal: FedPC vs FedAvg; vertical: FedPC vs SplitNN), one bar group per
     (samples, parameters); a measured point adds a group of its own where a cross marks the
-    measured bytes over the bar of its closed form. Written atomically as PNG.
+    measured bytes over the bar of its closed form. The title states the closed forms' scenario;
+    ``measured_note`` (e.g. the measured runs' rounds and epochs) adds a second title line. The
+    legend sits below the panels, clear of the bars. Written atomically as PNG.
 
     Returns:
         ``path``.
@@ -375,14 +377,17 @@ def plot_appendix_d(path: str | Path, sc: Scenario = PAPER,
         ax.set_xticklabels(labels, fontsize=8)
         ax.set_ylabel("training traffic [MB]")
         ax.set_title(f"{setting} FL")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3, frameon=False)
         ax.grid(axis="y", which="major", alpha=0.3)
     dirs = "down+up" if sc.directions == 2 else "one direction"
-    fig.suptitle(f"|C|={sc.n_clients}, FedAvg K={sc.rounds} rounds, SplitNN E={sc.epochs} epochs F={sc.cut}, "
-                 f"FedPC K={sc.clusters} clusters P={sc.products}; {sc.itemsize} B/scalar, {dirs}", fontsize=9)
+    title = (f"closed forms (paper-sized): |C|={sc.n_clients}, FedAvg K={sc.rounds} rounds, SplitNN E={sc.epochs} "
+             f"epochs F={sc.cut}, FedPC K={sc.clusters} clusters P={sc.products}; {sc.itemsize} B/scalar, {dirs}")
+    if measured_note:
+        title += "\n" + measured_note
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
 

@@ -26,7 +26,7 @@ there is no privacy constraint, ``S = X_hat`` for a private aggregation):
 each followed by the worst agent, ``R = max_k``. ``Xtr`` is the training feature matrix (the
 paper's calligraphic X), ``Ytr`` the training labels, which every agent holds.
 
-Readings taken where the text extraction lost symbols (see also the closing note of issue 8):
+Readings taken where the text extraction lost symbols:
 
 * Example V-A: the text reads ``Pr[X1 = X2] = r/2``; with ``P(X_k = 1) = 0.5`` and
   ``I(X1; X2) = log 2 - H_b(r)`` this can only mean ``Pr[X1 = X2 = x] = r/2`` for each ``x``,

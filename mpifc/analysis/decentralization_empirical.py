@@ -1,4 +1,4 @@
-"""Issue 8, part 2: the four vertical-FL settings of the seed paper measured with FedPCs.
+"""The cost of decentralisation on real data: the four vertical-FL settings of the seed paper measured with FedPCs.
 
 Pure logic (no MPI, no files): given per-client training/test blocks of a vertical split in which
 every client holds the label, learn the models of the four settings, score them, and count the

@@ -616,7 +616,7 @@ class RatSPN:
         D = len(self.weights)
         top: list[tuple[G.Node, float]] = []
         for r in range(R):
-            # Level 0: factorised leaf regions, I channels each.
+            # Level 0: factorised leaf regions, ``I`` channels each.
             level: list[list[G.Node]] = []
             for g in range(Gn):
                 chans = []

@@ -78,9 +78,15 @@ def _load(ref: str) -> Callable[..., Any]:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each subcommand's parser by name."""
-    parser = argparse.ArgumentParser(prog="mpifc", description="Federated probabilistic circuits on MPI.")
-    parser.add_argument("--version", action="version", version=f"mpifc {mpifc.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = argparse.ArgumentParser(
+        prog="mpifc", formatter_class=HelpFormatter,
+        description="Federated probabilistic circuits on MPI. Prepare shards with `python -m data_prep`, "
+                    "then `mpiexec -n R mpifc train DIR --model fc.h5` (rank 0 is the server, one rank per client). "
+                    "`mpifc COMMAND --help` lists a command's flags.")
+    parser.add_argument("--version", action="version", version=f"mpifc {mpifc.__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                help="what to run (each takes --help)")
     subs = {}
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help, formatter_class=HelpFormatter)

@@ -94,7 +94,8 @@ BASELINES = {
 
 def add_baseline_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mpifc baseline``: one sub-command per baseline."""
-    sub = p.add_subparsers(dest="baseline", metavar="BASELINE", required=True)
+    sub = p.add_subparsers(dest="baseline", metavar="BASELINE", required=True,
+                           help="which baseline (each takes --help)")
     for name, (help_text, add) in BASELINES.items():
         add(sub.add_parser(name, help=help_text, description=help_text, formatter_class=p.formatter_class))
 

@@ -44,8 +44,8 @@ def add_ngm_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("FedNGM (--model-family ngm)")
     g.add_argument("--target", action="append", default=[], metavar="NAME",
                    help="feature to predict from the others (repeatable; default: the dataset target)")
-    g.add_argument("--client", type=int, default=None, metavar="I",
-                   help="evaluate on client I's own test rows instead of test.h5")
+    g.add_argument("--client", type=int, default=None, metavar="K",
+                   help="evaluate on client K's own test rows instead of test.h5")
     g.add_argument("--infer-steps", type=int, default=None, help="input-optimisation steps (default: the model's)")
 
 

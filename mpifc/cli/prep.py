@@ -38,11 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="python -m data_prep", formatter_class=HelpFormatter,
+        usage="python -m data_prep --out DIR [--dataset NAME] [--setting S] [--clients N] [options]\n"
+              "       python -m data_prep --list",
         description="Turn a dataset into one HDF5 shard per client, a held-out test set and "
                     "a manifest (format mpifc-shards/1).")
     p.add_argument("--list", action="store_true", help="list the datasets and exit")
     p.add_argument("--dataset", default="breast-cancer", metavar="NAME",
-                   help="dataset name (debd:SET for a DEBD set); default breast-cancer")
+                   help="dataset name (debd:SET for a DEBD set, csv with --path for your own table)")
     p.add_argument("--path", metavar="P",
                    help="the dataset's file or folder (default: under the data root)")
     p.add_argument("--data-root", metavar="DIR",
@@ -95,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--split segment: one per client, e.g. 'education in Bachelors,Masters'")
     p.add_argument("--oversample", type=float, default=4.0, metavar="W",
                    help="--split segment: weight of a matching row for its client (default 4)")
-    p.add_argument("--out", metavar="DIR", help="output directory (replaced atomically)")
+    p.add_argument("--out", metavar="DIR",
+                   help="required (unless --list): output directory; an earlier shard set there is replaced "
+                        "atomically, a folder holding anything else is refused")
     return p
 
 

@@ -152,6 +152,18 @@ AGG_METRICS = ("measured_bytes", "formula_bytes", "ratio", "format_bytes", "wire
                "measured_total_bytes", "paper_form_bytes", "bytes_per_parameter")
 
 
+def _measured_note(records: list[dict[str, Any]], quick: bool) -> str:
+    """The plot's second title line: what the measured points ran with, read from the cells."""
+    def values(method: str, key: str) -> str:
+        vs = sorted({r[key] for r in records if r.get("method") == method and r.get(key) is not None})
+        return "/".join(str(v) for v in vs) or "?"
+
+    clients = "/".join(str(c) for c in sorted({r["clients"] for r in records if r.get("clients")})) or "?"
+    note = (f"measured (ours, x): |C|={clients}, FedAvg K={values('fedavg', 'rounds')} rounds, "
+            f"SplitNN E={values('splitnn', 'epochs')} epochs F={values('splitnn', 'cut')}")
+    return note + (" -- quick (smoke test)" if quick else "")
+
+
 def _n(a: dict[str, Any], key: str) -> str:
     v = a.get(f"{key}_mean")
     return "–" if v is None or v != v else f"{v:.0f}"
@@ -230,7 +242,8 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
     from mpifc.atomic import atomic_write_text
 
     files.append(atomic_write_text(out / "commcost.md", md))
-    files.append(cc.plot_appendix_d(out / "commcost.png", measured=points))
+    files.append(cc.plot_appendix_d(out / "commcost.png", measured=points,
+                                    measured_note=_measured_note(records, quick)))
     return {"files": [str(p) for p in files], "counts": counts, "markdown": md, "records": records,
             "aggregate": agg}
 

@@ -1,4 +1,4 @@
-"""Experiment driver for issue 8: the cost of decentralisation in vertical FL.
+"""Experiment driver for the cost of decentralisation in vertical FL.
 
 Parts are registered in :data:`PARTS`; :func:`run` runs the requested ones into one output folder.
 
@@ -434,7 +434,7 @@ def group_cells(cells: Sequence[dict[str, Any]]) -> dict[tuple[str, int], list[d
 
 def empirical_markdown(groups: dict[tuple[str, int], list[dict[str, Any]]], cfg: dze.FedPCConfig) -> str:
     """Per case: the four settings (mean ± std over seeds), Table-I-shaped costs, eq. 14 departures."""
-    lines = ["# Cost of decentralisation on real data (issue 8, part 2)", "",
+    lines = ["# Cost of decentralisation on real data (empirical part)", "",
              "Every number comes from real MPI jobs on mpifc's runtime: bytes are the ledger's "
              "(payload = what MPI moved for the data, header = the runtime's typed headers, setup = the "
              "test-alignment check before the query). Test cross-entropy in nats (DI settings: worst "

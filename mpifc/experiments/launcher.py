@@ -1,6 +1,6 @@
 """One launcher for every MPI job an experiment starts: ``mpiexec`` here, ``srun`` under Slurm.
 
-A job is ``<launcher> -n R <python> <args...>`` run as a subprocess in a session of its own, so
+A job is ``<launcher> -n R <python> <args...>`` run as a subprocess in a process group of its own, so
 a timeout ends the launcher *and* every rank it started (killing mpiexec alone would leave ranks
 spinning on a shared machine). A failed or timed-out job raises :class:`JobFailed` carrying the
 command and the tail of the job's stderr, which is what a user needs to see first.
@@ -156,7 +156,7 @@ class Launcher:
 def _sigterm_raises() -> Iterator[None]:
     """Turn SIGTERM into SystemExit while a job runs, so the ``except`` above ends the job too.
 
-    The job runs in a session of its own (so a timeout can end all of it), which also means a
+    The job runs in a process group of its own (so a timeout can end all of it), which also means a
     SIGTERM to this process alone would not reach it and would leave its ranks orphaned.
     """
     if threading.current_thread() is not threading.main_thread():

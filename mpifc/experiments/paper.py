@@ -21,7 +21,7 @@ TABLE1_RUNTIME: dict[str, dict[str, tuple[float, float]]] = {
     "breast-cancer": {"horizontal": (0.21, 0.07), "vertical": (0.35, 0.05), "hybrid": (0.35, 0.1)},
     "credit": {"horizontal": (0.42, 0.05), "vertical": (0.31, 0.09), "hybrid": (0.40, 0.13)},
 }
-# Table 1's client counts (section 4, Q1).
+# Table 1's client counts (section 4: less training time, the same joint distribution).
 TABLE1_CLIENTS = {"horizontal": 5, "vertical": 2, "hybrid": 2}
 
 # Table 4 (appendix E.3): LearnSPN threshold, min_instances_slice and glue per setting. The
@@ -71,8 +71,8 @@ def learnspn_hp(setting: str, dataset: str) -> tuple[dict[str, object], str]:
 # rows of the horizontal 5-client shards, seeds 0 and 1; the test rows never read): mean macro
 # F1 over both seeds, the default kept unless another leaf is better by more than one validation
 # row.
-# Session 5 measured one bin per distinct value for real columns with few values (edges halfway
-# between values) and rejected it: on validation rows Income macro F1 rose by 0.004 (histogram
+# One bin per distinct value for real columns with few values (edges halfway
+# between values) was measured and rejected: on validation rows Income macro F1 rose by 0.004 (histogram
 # alpha=0.01), but the density fit fell (adult, central LearnSPN on 8,000 training rows: test
 # LL histogram 6.43 -> -5.59, piecewise -3.11 -> -9.91 nats per row), because a value's bin then
 # spans the whole gap to its neighbours instead of the equal-width resolution.
@@ -87,7 +87,7 @@ T7_LEAVES: dict[str, dict[str, object]] = {
 # product weights are products of cluster fractions, so the root factorises over subspaces and
 # p(y | x) = p(y | the features of the label's subspace). A label held by every client sits in the
 # shared block (a quarter of the features, drawn at random), and the clients' private features
-# never inform the prediction (Income hybrid macro F1 0.47 in session 4). Held by client 0, as in
+# never inform the prediction (Income hybrid macro F1 0.47 so). Held by client 0, as in
 # FC[PC]'s vertical shards, it sits with client 0's private block instead. Chosen on validation
 # rows only (a quarter of each client's training rows, hybrid shards, scored on client 0's rows),
 # with T7_LEAVES' leaves: Income 2 clients seeds 0/1 macro F1 .714/.635 (client 0) vs .687/.433
@@ -119,7 +119,7 @@ T7_HYBRID_LABEL_OWNER: dict[str, int | str] = {"adult": 0}
 #   Income: comb K=2 .675 [.723 .663 .723 .590], cooc K=2 .685 [.747 .674 .724 .596], comb K=4 .562,
 #           cooc K=4 .619 -> cooccurrence, K=2 (+.010, wins on all 4 runs)
 # With 2 validation seeds the margins are
-# noisy; the choice is the rule's, not a tuned optimum. On the test rows (session 6, seeds 0-4;
+# noisy; the choice is the rule's, not a tuned optimum. On the test rows (seeds 0-4;
 # not used for the choice) mean macro F1 moved: Income +.015 / +.027 (2 / 3 clients), Cancer
 # -.001 / +.005, Credit -.034 / -.003 (Credit 2-client seed 1 fell to accuracy .58).
 T7_GLUE: dict[str, dict[str, tuple[str, int]]] = {
@@ -133,7 +133,7 @@ T7_DEFAULT_CLUSTERS = 2
 # included). Why: in vertical shards the label owner's subspace holds the target, and k-means on it
 # (standardized; the binary label is two points apart, a large gap) makes "label clusters": with
 # T7_GLUE's K=4 every Credit validation run had a cluster of only defaulters (p(y=1) = 1.0), whose PC
-# then claims every row it dominates for y=1 (test, session 6, vertical 2 clients seed 1: accuracy .58,
+# then claims every row it dominates for y=1 (test, vertical 2 clients seed 1: accuracy .58,
 # 90% of the 2,021 rows under that cluster predicted defaulters, true rate .10). Without the target in
 # the k-means input the clusters follow the features (largest y=1 share .54-.60) and the cluster PCs
 # still model the target. Chosen on validation rows only, by the same procedure and rule as T7_GLUE
@@ -157,7 +157,7 @@ T7_DEFAULT_CLUSTERS = 2
 # scored on client 0's validation rows, the only ones holding the label; one row = 1/1667 (2
 # clients), 1/1112 (3)), off -> on, [per run clients/seed]:
 #   seeds 0-1: F1 .647 [.714 .634 .682 .557] -> .673 [.740 .647 .697 .610]; acc .811 -> .815;
-#          LL 3.79 -> 3.90: the rule said ON (+.027, 4/4 runs), and session 6 reran the 10 test cells
+#          LL 3.79 -> 3.90: the rule said ON (+.027, 4/4 runs), and a rerun of the 10 test cells
 #          with it: test macro F1 FELL (2 clients .657 -> .622, 3 clients .600 -> .567; 7/10 runs down;
 #          accuracy .782 -> .802, .767 -> .784). That prompted more VALIDATION seeds (still no test rows):
 #   seeds 2-4: F1 .610 [2/2 .617 2/3 .640 2/4 .697 3/2 .516 3/3 .487 3/4 .701] -> .554 [.607 .512 .619

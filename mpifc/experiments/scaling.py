@@ -216,25 +216,34 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     from mpifc.atomic import atomic_write_text
 
     files.append(atomic_write_text(out / "scaling.md", md))
+    note = (f"{dataset}, strong: {strong_rows or 'all'} rows in total, weak: {rpc} training rows per client, "
+            f"assign {assign}, seeds {','.join(str(s) for s in seeds)}" + (" -- quick (smoke test)" if quick else ""))
     files.append(plot(out / "scaling.png", agg, alpha, beta, max(per_b, 0.0), max(per_m, 0.0), int(servers or 32),
-                      n_srv))
+                      n_srv, note))
     return {"files": [str(f) for f in files], "counts": counts, "markdown": md, "records": records, "aggregate": agg,
             "alpha": alpha, "beta": beta, "projection": proj}
 
 
 def plot(path: Path, agg: list[dict[str, Any]], alpha: float, beta: float, per_b: float, per_m: float,
-         servers: int, n_srv: int = 0) -> Path:
-    """Four panels: seconds, traffic, test LL against ranks; projected communication time."""
+         servers: int, n_srv: int = 0, note: str = "") -> Path:
+    """Four panels: seconds, traffic, test LL against ranks; projected communication time.
+
+    Seconds are on a log scale: a job's wall time (start-up included) and its critical path differ
+    by an order of magnitude. ``note`` (data, rows, seeds) is the title's second line; legends sit
+    below their axes.
+    """
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 8))
+    fig = Figure(figsize=(12, 10), layout="constrained")
     (a1, a2), (a3, a4) = fig.subplots(2, 2)
     a2b = a2.twinx()
+    all_ranks: set[int] = set()
     for mode, ls in (("strong", "-"), ("weak", "--")):
         rows = sorted((a for a in agg if a["setting"] == mode and a["status"] == OK), key=lambda a: a["clients"])
         if not rows:
             continue
         r = [a["clients"] + 1 + n_srv for a in rows]
+        all_ranks.update(r)
         a1.plot(r, [a["wall_seconds_mean"] for a in rows], ls, marker="o", label=f"{mode}: job wall")
         a1.plot(r, [a["train_seconds_critical_path_mean"] for a in rows], ls, marker="s",
                 label=f"{mode}: critical path")
@@ -242,15 +251,25 @@ def plot(path: Path, agg: list[dict[str, Any]], alpha: float, beta: float, per_b
         a2b.plot(r, [a["messages_train_mean"] for a in rows], ls, marker="x", color="tab:gray",
                  label=f"{mode}: messages")
         a3.plot(r, [a["test_ll_mean"] for a in rows], ls, marker="o", label=mode)
-    a1.set_ylabel("seconds")
+    a1.set_ylabel("seconds (log)")
+    a1.set_yscale("log")
+    a1.set_title("training time", fontsize=9)
+    a2.set_title("training traffic", fontsize=9)
+    a3.set_title("test log-likelihood", fontsize=9)
     a2.set_ylabel("training bytes (o)")
     a2b.set_ylabel("messages (x)")
     a3.set_ylabel("test log-likelihood [nats]")
     for ax in (a1, a2, a3):
         ax.set_xlabel("ranks")
         ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set_xticks(sorted(all_ranks), [str(x) for x in sorted(all_ranks)], minor=False)
+        ax.set_xticks([], minor=True)
+        ax.grid(alpha=0.3, which="both" if ax is a1 else "major")
+    a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    h2, l2 = a2.get_legend_handles_labels()
+    h2b, l2b = a2b.get_legend_handles_labels()
+    a2.legend(h2 + h2b, l2 + l2b, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    a3.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     cs = np.unique(np.logspace(0, 4, 40).astype(int))
     p = project(alpha, beta, per_b, per_m, cs.tolist(), servers)
     a4.loglog(cs, [x["train_flat_s"] for x in p], label="training (flat)")
@@ -262,9 +281,9 @@ def plot(path: Path, agg: list[dict[str, Any]], alpha: float, beta: float, per_b
     a4.set_xlabel("clients")
     a4.set_ylabel("projected communication seconds")
     a4.set_title(f"alpha={alpha * 1e6:.1f} us, beta={beta / 1e6:.0f} MB/s", fontsize=9)
-    a4.legend(fontsize=7)
+    a4.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     a4.grid(alpha=0.3, which="both")
-    fig.suptitle("FedPC scaling sweep", fontsize=10)
+    fig.suptitle("FedPC scaling sweep" + (f"\n{note}" if note else ""), fontsize=10)
     return save_figure(fig, path)
 
 

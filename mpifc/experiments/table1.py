@@ -108,14 +108,14 @@ def hyperparameters(dataset: str, setting: str, quick: bool = False) -> tuple[di
 def horizontal_split(dataset: str, choice: str = "paper") -> str:
     """The sample split of a horizontal cell: ``choice`` unless it is ``"paper"``.
 
-    The paper says two things. Q1's text: "each client received data from only a subset of
+    The paper says two things. Its text on Table 1 (section 4, first question): "each client received data from only a subset of
     classes in the horizontal case" (to show robustness to label shifts); appendix E: "In
     horizontal cases, we either split samples randomly across clients (done for all binary
     classification tasks) or we distribute a subset of the dataset corresponding to a certain
     label (e.g. the 0 in MNIST) to one client". ``"paper"`` follows the appendix, the more
     specific of the two: a random (``iid``) split for the binary tabular sets, a label split for
-    MNIST. ``"label"`` reproduces Q1's reading everywhere (sessions 3-6 ran Table 1 so: with two
-    classes over five clients the largest client then holds up to a quarter of the rows).
+    MNIST. ``"label"`` reproduces the section's reading everywhere (with two classes over five clients
+    the largest client then holds up to a quarter of the rows).
     """
     if choice not in SPLITS:
         raise UserError(f"table1: --horizontal-split must be one of {', '.join(SPLITS)}, got {choice!r}")
@@ -215,8 +215,8 @@ def fit_critical_path(job: dict[str, Any]) -> float:
     The job's own ``train_seconds_critical_path`` also counts each client's ``read`` (opening
     its HDF5 shard: ~10-15 ms, a third of a breast-cancer client's whole path), while the
     centralized reference counts ``learn_spn`` alone, its data already in memory; this figure
-    leaves reading out on both sides, as ``launch/bench/fedpc.py`` does. (MNIST cells of runs
-    before session 7 used the job's figure.)
+    leaves reading out on both sides, as ``launch/bench/fedpc.py`` does. (Older MNIST cells
+    used the job's figure.)
     """
     clients = job.get("client_seconds") or {}
     if not clients:
@@ -509,7 +509,7 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
         "clients": ", ".join(f"{s} {clients[s]}" for s in settings),
         "horizontal split": (f"--horizontal-split {split_choice}: "
                              + ("random (iid) for the binary tabular sets, label split for MNIST, as appendix E "
-                                "states (Q1's text speaks of label subsets; `--horizontal-split label` runs that)"
+                                "states (section 4's text speaks of label subsets; `--horizontal-split label` runs that)"
                                 if split_choice == "paper" else f"{split_choice} for every dataset")),
         "rows per dataset": rows or ("all" if set(datasets) != {"mnist"} else mnist_rows),
         "log-likelihood": "mean test log-likelihood per row in nats, target column included (MNIST: see below)",
@@ -530,7 +530,10 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
         **extra_mnist,
     }) + "\n" + markdown_table(header, table) + "\n"
     files.append(_write_md(out / "table1.md", md))
-    files.append(plot(out / "table1.png", agg, datasets, settings))
+    note = (f"seeds {','.join(str(s) for s in seeds)}; rows: {f'at most {rows}' if rows else 'all'}; "
+            f"horizontal split {split_choice}; {repeats} timing round(s) per cell"
+            + (" -- quick (smoke test)" if quick else ""))
+    files.append(plot(out / "table1.png", agg, datasets, settings, note))
     return {"files": [str(f) for f in files], "counts": counts, "markdown": md, "records": records,
             "aggregate": agg}
 
@@ -559,8 +562,13 @@ def _write_md(path: Path, text: str) -> Path:
     return atomic_write_text(path, text)
 
 
-def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], settings: Sequence[str]) -> Path:
-    """Two panels: FedPC LL minus centralized LL, and relative runtime; ours beside the paper's."""
+def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], settings: Sequence[str],
+         note: str = "") -> Path:
+    """Two panels: FedPC LL minus centralized LL, and relative runtime; ours beside the paper's.
+
+    ``note`` (seeds, rows, split, timing rounds) is the title's second line; legends sit right of
+    the axes, clear of the bars.
+    """
     from matplotlib.figure import Figure
 
     by = {(a["dataset"], a["setting"]): a for a in agg}
@@ -580,7 +588,7 @@ def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], setting
             rt_err.append(a["relative_runtime_std"] if a and a["status"] == OK else 0.0)
             q = paper.TABLE1_RUNTIME.get(ds, {}).get(st)
             rt_paper.append(q[0] if q else float("nan"))
-    fig = Figure(figsize=(max(6.0, 1.1 * len(labels) + 2), 6.5))
+    fig = Figure(figsize=(max(6.0, 1.1 * len(labels) + 2), 6.5), layout="constrained")
     ax1, ax2 = fig.subplots(2, 1)
     xs = list(range(len(labels)))
     w = 0.38
@@ -588,17 +596,17 @@ def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], setting
     ax1.bar([x + w / 2 for x in xs], gap_paper, w, label="paper", color="tab:gray")
     ax1.axhline(0, color="black", lw=0.8)
     ax1.set_ylabel("LL(FedPC) − LL(central) [nats]")
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax2.bar([x - w / 2 for x in xs], rt_ours, w, yerr=rt_err, label="ours", color="tab:green")
     ax2.bar([x + w / 2 for x in xs], rt_paper, w, label="paper", color="tab:gray")
     ax2.axhline(1.0, color="black", lw=0.8, ls="--")
     ax2.set_ylabel("relative runtime (central = 1)")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     for ax in (ax1, ax2):
         ax.set_xticks(xs)
         ax.set_xticklabels(labels, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Table 1: FedPC against centralized LearnSPN", fontsize=10)
+    fig.suptitle("Table 1: FedPC against centralized LearnSPN" + (f"\n{note}" if note else ""), fontsize=10)
     return save_figure(fig, path)
 
 

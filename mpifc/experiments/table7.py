@@ -305,7 +305,10 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
     from mpifc.atomic import atomic_write_text
 
     files.append(atomic_write_text(out / "table7.md", md))
-    files.append(plot(out / "table7.png", agg, datasets, grid))
+    rounds = b["rounds"]
+    note = (f"seeds {','.join(str(s) for s in seeds)}; rows: {f'at most {rows}' if rows else 'all'}; "
+            f"FedAvg K={rounds} rounds, SplitNN E={b['epochs']} epochs" + (" -- quick (smoke test)" if quick else ""))
+    files.append(plot(out / "table7.png", agg, datasets, grid, note))
     return {"files": [str(f) for f in files], "counts": counts, "markdown": md, "records": records,
             "aggregate": agg}
 
@@ -330,12 +333,16 @@ def paper_matches(agg: list[dict[str, Any]], datasets: Sequence[str], grid: Sequ
     return rows
 
 
-def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], grid: Sequence[tuple[str, int]]) -> Path:
-    """F1 per method and setting, one panel per dataset (the paper's Fig. 4), paper values as ticks."""
+def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], grid: Sequence[tuple[str, int]],
+         note: str = "") -> Path:
+    """F1 per method and setting, one panel per dataset (the paper's Fig. 4), paper values as ticks.
+
+    ``note`` (seeds, rows, budgets) heads the figure; each panel's legend sits right of its axes.
+    """
     from matplotlib.figure import Figure
 
     by = {(a["dataset"], a["setting"], a["clients"], a["method"]): a for a in agg}
-    fig = Figure(figsize=(max(6.0, 1.4 * len(grid) * 2), 3.2 * len(datasets)))
+    fig = Figure(figsize=(max(6.0, 1.4 * len(grid) * 2), 3.2 * len(datasets)), layout="constrained")
     axes = fig.subplots(len(datasets), 1, squeeze=False)[:, 0]
     colors = {"fc-pc": "tab:blue", "fc-dt": "tab:orange", "fedavg": "tab:red", "splitnn": "tab:purple"}
     for ax, ds in zip(axes, datasets):
@@ -364,8 +371,10 @@ def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], grid: S
         ax.set_title(f"{paper.PAPER_NAMES.get(ds, ds)} (black ticks: paper)", fontsize=9)
         handles, labels = ax.get_legend_handles_labels()
         uniq = dict(zip(labels, handles))
-        ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="lower right")
+        ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(axis="y", alpha=0.3)
+    if note:
+        fig.suptitle(f"Table 7, macro F1: {note}", fontsize=9)
     return save_figure(fig, path)
 
 

@@ -90,7 +90,7 @@ def recover_graph(x: np.ndarray, schema: Schema, alpha: float = 0.05, tol: float
 
 
 def _glasso_with_fallback(cov: np.ndarray, alpha: float, max_iter: int) -> np.ndarray:
-    """Graphical lasso precision; shrinks the covariance towards I when the solver breaks down.
+    """Graphical lasso precision; shrinks the covariance towards the identity when the solver breaks down.
 
     Near-collinear indicator columns can make coordinate descent fail on the raw correlation
     matrix; a little shrinkage keeps it positive definite without changing the sparsity much.

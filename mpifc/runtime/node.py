@@ -158,7 +158,7 @@ class NodeView:
 
     def _start_sentinel(self) -> None:
         script = Path(__file__).with_name("sentinel.py")
-        # A session of its own: the launcher's kill of the ranks' process groups must not reach
+        # A process group of its own: the launcher's kill of the ranks' process groups must not reach
         # it. Standard error is the rank's, so its lines reach the user through the launcher.
         self.sentinel = subprocess.Popen(
             [sys.executable, "-I", "-S", str(script), str(self.folder), repr(self.limit), str(self.local_ranks)],

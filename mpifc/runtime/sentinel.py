@@ -10,7 +10,7 @@ Why a process of its own. Three things cannot be seen from inside an MPI rank:
 * a partial output left by a rank that was killed while writing it.
 
 The first rank of a job to reach a node starts the sentinel (:mod:`mpifc.runtime.node`) in a
-session of its own, so the launcher's kill does not reach it; it uses only the standard
+process group of its own, so the launcher's kill does not reach it; it uses only the standard
 library and starts in a few tens of milliseconds. It reads the node folder the ranks keep
 (``rank-R``: the process id, touched as a beacon until the rank's MPI heartbeats run;
 ``rank-R.phase``; markers ``rank-R.ready`` (entering ``MPI_Init``), ``rank-R.up`` (heartbeats

@@ -1,4 +1,4 @@
-"""Exact cost-of-decentralisation engine (issue 8, part 1) against independent computations."""
+"""Exact cost-of-decentralisation engine (part 1: Examples V-A and V-B) against independent computations."""
 from __future__ import annotations
 
 import itertools

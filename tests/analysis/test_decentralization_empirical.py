@@ -1,4 +1,4 @@
-"""Issue 8, part 2: the four settings on real data with FedPCs (single process, tiny data)."""
+"""The cost of decentralisation on real data: the four settings on real data with FedPCs (single process, tiny data)."""
 from __future__ import annotations
 
 import csv
@@ -253,7 +253,7 @@ def test_unknown_part_is_a_user_error(tmp_path: Path) -> None:
         exp.run(tmp_path, quick=True, parts=("nope",))
 
 
-@pytest.mark.skipif(not (DATA / "adult").is_dir(), reason="adult data not in /work/shared/data")
+@pytest.mark.skipif(not (DATA / "adult").is_dir(), reason="adult data not in the data folder")
 def test_adult_tiny_case_runs_with_three_clients(tmp_path: Path) -> None:
     case = exp.EmpiricalCase("adult", 3, 150)
     blocks, schema, y_train = exp.empirical_case_data(case)

@@ -1,4 +1,4 @@
-"""`run_part1` quick mode writes readable redraws and curves (issue 8, part 1)."""
+"""`run_part1` quick mode writes readable redraws and curves (part 1: Examples V-A and V-B)."""
 from __future__ import annotations
 
 import csv

@@ -1,4 +1,4 @@
-"""Session-wide shard directories (preparing data takes seconds; every test reuses them) and one
+"""Shared shard directories (preparing data takes seconds; every test reuses them) and one
 compute thread per test process: these models are tiny, and on a shared 2-core machine torch's
 and OpenMP's thread pools only fight each other (50x slower when the machine is loaded)."""
 from __future__ import annotations

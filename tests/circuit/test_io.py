@@ -112,7 +112,7 @@ def test_float32_spn_round_trip_keeps_dtype(tmp_path: Path) -> None:
 
 
 def _write_layout1(root, group) -> None:
-    """The layout-1 writer of session 1 (int64 CSR arrays, every node's scope, zero product
+    """The layout-1 writer of the first model files (int64 CSR arrays, every node's scope, zero product
     weights, every known leaf type listed), kept here to prove old files still load."""
     from mpifc.circuit import graph as G
     from mpifc.circuit.leaves import LEAF_TYPES

@@ -232,11 +232,11 @@ def test_failed_write_leaves_the_previous_directory_untouched(tmp_path):
 
 
 def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.tex").write_text("precious")
     with pytest.raises(UserError, match="refusing to overwrite"):
-        S.write_shards(_prep(), tmp_path / "mine")
-    assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"
+        S.write_shards(_prep(), tmp_path / "notes")
+    assert (tmp_path / "notes" / "thesis.tex").read_text() == "precious"
 
 
 def test_in_memory_api_matches_the_files(tmp_path):

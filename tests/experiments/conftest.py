@@ -1,4 +1,4 @@
-"""Quick experiment runs shared by the tests of this folder (each runs once per session).
+"""Quick experiment runs shared by the tests of this folder (each runs once per test run).
 
 Every quick run prepares its breast-cancer shards in one shared cache, so data are prepared
 once; the MPI jobs are few and tiny (2-4 ranks).

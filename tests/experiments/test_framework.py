@@ -154,7 +154,7 @@ def test_alpha_beta_fit_and_projection():
 
 
 def test_sigterm_to_the_driver_ends_its_job(tmp_path):
-    """The job runs in its own session; a SIGTERM to the driver must still end every rank."""
+    """The job runs in a process group of its own; a SIGTERM to the driver must still end every rank."""
     import os
     import signal
     import subprocess

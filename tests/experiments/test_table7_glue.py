@@ -37,7 +37,7 @@ def test_a_cell_of_another_glue_is_not_reused(tmp_path) -> None:
     v = Cell("adult", "vertical", 2, "fc-pc", 0)
     h = Cell("adult", "horizontal", 5, "fc-pc", 0)
     glue, k = paper.classifier_glue("vertical", "adult")
-    # a record of an earlier session: no glue recorded = Table 4's glue with K = 2
+    # a record written before the glue was recorded: no glue recorded = Table 4's glue with K = 2
     legacy = {"accuracy": 0.8, "f1": 0.7, "label_owner": "default"}
     store.save(v, OK, legacy)
     store.save(h, OK, legacy)
@@ -66,7 +66,7 @@ def test_glue_note_names_every_dataset_and_setting() -> None:
 
 
 def test_quick_vertical_cell_runs_its_glue(quick_table7, shard_cache) -> None:
-    """The quick table7 run (shared session fixture, no MPI job of its own): the vertical FC[PC]
+    """The quick table7 run (shared fixture, no MPI job of its own): the vertical FC[PC]
     cell records its glue, and its ledger holds exactly what that glue sends."""
     out, summary = quick_table7
     recs = {(r["setting"], r["method"]): r for r in summary["records"]}

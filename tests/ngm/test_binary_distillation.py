@@ -1,4 +1,4 @@
-"""Issue 9: a global NGM distilled from weakly trained client NGMs must not invert a binary target.
+"""A global NGM distilled from weakly trained client NGMs must not invert a binary target.
 
 Clients trained for a few hundred steps rank the binary target well from full evidence, but
 their softmax heads are still nearly flat; sampled without calibration the target came out almost

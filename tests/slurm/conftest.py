@@ -33,7 +33,7 @@ SBIN = os.pathsep.join(("/usr/sbin", "/sbin"))
 
 def run_cmd(cmd: list[str], env: dict[str, str], timeout: float, cwd: str | Path = REPO,
             ) -> subprocess.CompletedProcess:
-    """``cmd`` in a session of its own; on timeout the whole process group goes, then
+    """``cmd`` in a process group of its own; on timeout the whole process group goes, then
     subprocess.TimeoutExpired is raised (srun and sbatch must never hang a test run)."""
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=str(cwd), env=env, start_new_session=True)
