@@ -64,7 +64,7 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("max_rows", "timeout", "shards", "assign", "servers"):
         v = getattr(args, key, None)
         if v is not None:
-            opts[key] = v
+            opts[key] = str(Path(v).absolute()) if key == "shards" else v
     if opts.get("max_rows") is not None and opts["max_rows"] < 10:
         raise UserError(f"--max-rows must be >= 10, got {opts['max_rows']}")
     if getattr(args, "horizontal_split", None) is not None:
@@ -92,7 +92,8 @@ def experiment_main(args: argparse.Namespace) -> int:
     quick = bool(getattr(args, "quick", False))
     seeds_spec = getattr(args, "seeds", None) or ("0" if quick else "0-4")
     seeds = parse_int_list(seeds_spec, "--seeds")
-    out = Path(getattr(args, "out", None) or Path("results") / args.name)
+    # absolute: the experiments launch their MPI jobs from the repository root
+    out = Path(getattr(args, "out", None) or Path("results") / args.name).absolute()
     opts = options_from_args(args)
     only_table1 = [f for f, k in (("--horizontal-split", "horizontal_split_choice"), ("--timing-repeats", "timing_repeats"))
                    if k in opts]
