@@ -7,7 +7,7 @@ for: the word for a work period, issue numbers, review notes, the paper's questi
 ``file:line`` and the words found.
 
 The patterns are built from pieces, so this file does not match itself. In Python files the
-first-person pattern reads only comments and strings: ``mine`` as a variable name is code.
+first-person pattern reads only comments and strings: a variable named after the possessive is code.
 """
 from __future__ import annotations
 
