@@ -104,8 +104,9 @@ def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] |
     return None
 
 
-# What each learner's fit imports (numpy-only learners need no torch: see factorized.py).
-_LEARNER_MODULES = {"learnspn": ("torch", "mpifc.circuit.learnspn"), "ratspn": ("torch", "mpifc.circuit.ratspn"),
+# What each learner's fit imports (LearnSPN, factorized and DT models are fitted, sent and
+# evaluated without torch: mpifc.circuit.numpy_eval).
+_LEARNER_MODULES = {"learnspn": ("mpifc.circuit.learnspn",), "ratspn": ("torch", "mpifc.circuit.ratspn"),
                     "einet": ("torch", "mpifc.circuit.einet"), "dt": ("sklearn.tree",), "factorized": ()}
 
 
@@ -198,6 +199,8 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
                 "n_categories": list(d.n_categories), "n_rows": d.n_rows, "ids_digest": d.ids_digest},
                0, P.DECLARE)
     plan: FederationPlan = t.recv_obj(0, P.PLAN)
+    ctx.notes["learners"] = sorted({task.learner for task in plan.tasks})
+    ctx.notes["warm_up"] = bool(cfg.get("warm_up"))
     if cfg.get("warm_up"):
         # Timings only (--warm-up): a user's job imports what its fit needs, when it needs it.
         # After the plan: bad input is caught before anyone pays for the heavy imports.
@@ -293,6 +296,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             raise UserError("--refine em (exact EM without moving data) needs every client to hold the "
                             "same rows in the same order (vertical data with aligned ids)")
     exclusive = bool(cfg.get("exclusive_timing"))
+    ctx.notes["warm_up"] = bool(cfg.get("warm_up") or exclusive)
     # The server fits nothing: it only needs the leaf models' classes to deserialize them.
     # Exclusive timing: warm up before any client starts, so no client learns beside it.
     if exclusive:
