@@ -180,7 +180,7 @@ def bench_dataset(a: argparse.Namespace, out: Path, ds: str) -> dict:
     sh = prepared(out, ds, "horizontal", a.clients, rows, a.split)
     model = out / f"{ds}-h-{a.split}.h5"
     train_args = [str(sh), "--learner", "learnspn", "--threshold", str(thr), "--min-instances-slice", str(mis),
-                  *hp_flags(hp), "--json", "--preset", "learner"]
+                  *hp_flags(hp), "--json", "--preset", "learner", "--warm-up"]
     runs: dict[str, list[dict]] = {"contended": [], "exclusive": []}
     cens = []
     for rep in range(a.repeat):

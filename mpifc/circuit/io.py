@@ -61,7 +61,7 @@ def _load(group: h5py.Group) -> Any:
     if isinstance(kind, bytes):
         kind = kind.decode()
     if kind not in _LOADERS:
-        _import_builtin_models()
+        _import_builtin_models(kind)
     if kind not in _LOADERS:
         raise ValueError(
             f"{group.file.filename}:{group.name}: unknown model_type {kind!r} "
@@ -70,11 +70,18 @@ def _load(group: h5py.Group) -> Any:
     return _LOADERS[kind](group)
 
 
-def _import_builtin_models() -> None:
-    # Importing the model modules registers their loaders; done lazily to keep imports light.
+_BUILTIN_MODULES = {"spn": "mpifc.circuit.spn", "ratspn": "mpifc.circuit.ratspn", "einet": "mpifc.circuit.einet"}
+"""The module whose import registers each built-in model type's loader."""
+
+
+def _import_builtin_models(kind: Any = None) -> None:
+    # Importing the model modules registers their loaders; done lazily to keep imports light:
+    # only the module of ``kind`` when it is a built-in type (ratspn and einet import torch,
+    # which an SPN does not need), else every one of them.
     import importlib
 
-    for mod in ("mpifc.circuit.spn", "mpifc.circuit.ratspn", "mpifc.circuit.einet"):
+    mods = [_BUILTIN_MODULES[kind]] if kind in _BUILTIN_MODULES else list(_BUILTIN_MODULES.values())
+    for mod in mods:
         try:
             importlib.import_module(mod)
         except ImportError:

@@ -10,14 +10,9 @@ from __future__ import annotations
 import threading
 import warnings
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
-from sklearn import config_context
-from sklearn.cluster import KMeans
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.mixture import GaussianMixture
-from threadpoolctl import ThreadpoolController
 
 from mpifc.circuit.rdc import RDC_K, gtest_dependent, rdc_matrix
 
@@ -123,12 +118,17 @@ def clustering_features(data: np.ndarray, categorical: Sequence[bool], cards: Se
     return np.hstack(parts)
 
 
-_CONTROLLER: list[ThreadpoolController] = []
+# scikit-learn and threadpoolctl are imported where rows are clustered, not with this module: a
+# LearnSPN fit that never splits rows (and a rank that only loads models) does without them.
+_CONTROLLER: list[Any] = []
 
 
-def _thread_pools() -> ThreadpoolController:
-    """The process's native thread pools, discovered once (discovery costs milliseconds)."""
+def _thread_pools() -> Any:
+    """The process's native thread pools (a ``threadpoolctl.ThreadpoolController``), discovered
+    once (discovery costs milliseconds)."""
     if not _CONTROLLER:
+        from threadpoolctl import ThreadpoolController
+
         _CONTROLLER.append(ThreadpoolController())
     return _CONTROLLER[0]
 
@@ -223,6 +223,9 @@ def kmeans_labels(x: np.ndarray, n_clusters: int, n_init: int, seed: int) -> np.
     (:func:`_seeded_random_state`). ``tests/circuit/test_splitting_fast_paths.py`` checks the
     labels against the estimator (it guards a scikit-learn upgrade).
     """
+    from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
+
     routines = _kmeans_routines()
     if (routines is None or type(x) is not np.ndarray or x.dtype != np.float64 or x.ndim != 2
             or not isinstance(seed, (int, np.integer)) or not isinstance(n_clusters, (int, np.integer))
@@ -284,6 +287,10 @@ def split_rows(
         return np.zeros(n, dtype=np.int64)
     # With fewer distinct rows than clusters scikit-learn warns and returns duplicate centres.
     k = n_clusters if n > 4 * n_clusters else min(n_clusters, len(np.unique(features, axis=0)))
+    from sklearn import config_context
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.mixture import GaussianMixture
+
     # One thread: on small slices OpenMP start-up and oversubscription cost more than Lloyd's
     # iterations themselves (measured ~15x slower with the default pool on a busy 2-core box).
     # Parameters are checked above (scikit-learn's own validation costs ~1 ms per call, and

@@ -24,16 +24,18 @@ Values round-trip bit-exactly. Files without ``attrs["layout"]`` (layout 1: int6
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from mpifc.circuit import graph as G
-from mpifc.circuit.compiled import CircuitStats, CompiledCircuit
 from mpifc.circuit.io import register_model
 from mpifc.circuit.leaves import LEAF_TYPES
 from mpifc.errors import UserError
+
+if TYPE_CHECKING:
+    from mpifc.circuit.compiled import CircuitStats, CompiledCircuit
+    from mpifc.circuit.numpy_eval import NumpyCircuit
 
 _KIND = {"leaf": 0, "product": 1, "sum": 2}
 
@@ -41,27 +43,63 @@ _KIND = {"leaf": 0, "product": 1, "sum": 2}
 class SPN:
     """A valid circuit with every query, EM and HDF5 I/O.
 
+    The torch evaluator (:attr:`circuit`, a :class:`~mpifc.circuit.compiled.CompiledCircuit`)
+    is compiled on first use only, so that building, fitting, saving, sending and
+    :meth:`log_likelihood_numpy` never import torch (seconds and ~250 MB per process).
+
     Args:
-        root: root node; validated and compiled.
-        dtype: evaluation dtype (float64 by default).
+        root: root node; validated here.
+        dtype: evaluation dtype of the torch evaluator: ``torch.float64`` (default) or
+            ``torch.float32``, or their names.
     """
 
     model_type = "spn"
 
-    def __init__(self, root: G.Node, dtype: torch.dtype = torch.float64) -> None:
-        self.circuit = CompiledCircuit(root, dtype=dtype)
-        self.scope: tuple[int, ...] = self.circuit.scope
+    def __init__(self, root: G.Node, dtype: Any = None) -> None:
+        name = "float64" if dtype is None else str(dtype).replace("torch.", "")
+        if name not in ("float64", "float32"):
+            raise UserError(f"SPN: unsupported dtype {dtype!r} (float64 or float32)")
+        G.validate(root)
+        self._graph = root
+        self._dtype = name
+        self._circuit: CompiledCircuit | None = None
+        self._numpy: NumpyCircuit | None = None
+        self.scope: tuple[int, ...] = root.scope
+
+    @property
+    def circuit(self) -> "CompiledCircuit":
+        """The torch evaluator (EM, MPE, sampling, the torch queries), compiled on first use."""
+        if self._circuit is None:
+            from mpifc.circuit.compiled import CompiledCircuit
+            from mpifc.circuit.lazy import torch
+
+            self._circuit = CompiledCircuit(self._graph, dtype=getattr(torch, self._dtype), check=False)
+        return self._circuit
 
     @property
     def root(self) -> G.Node:
         """The graph, with EM updates written back."""
-        return self.circuit.sync_graph()
+        if self._circuit is None:
+            return self._graph
+        return self._circuit.sync_graph()
 
     # -- queries (DensityModel) ---------------------------------------------------------------
 
     def log_likelihood(self, x: Any) -> np.ndarray:
         """``log p(x)`` float64 ``(batch,)`` nats; NaN entries marginalised."""
         return self.circuit.log_likelihood(x).numpy()
+
+    def log_likelihood_numpy(self, x: Any) -> np.ndarray:
+        """:meth:`log_likelihood` by the numpy evaluator (:mod:`mpifc.circuit.numpy_eval`), without
+        torch: equal to rounding (float64). What evaluation and the clients' model choice use."""
+        if self._circuit is not None and not self._circuit._graph_synced:
+            self._numpy = None  # EM moved the parameters: read them again
+            self.root
+        if self._numpy is None:
+            from mpifc.circuit.numpy_eval import NumpyCircuit
+
+            self._numpy = NumpyCircuit(self.root)
+        return self._numpy.log_likelihood(x)
 
     def mpe(self, x: Any) -> np.ndarray:
         """NaN entries completed by max-product backtracking, ``(batch, n_vars)``."""
@@ -97,9 +135,15 @@ class SPN:
     def apply_em(self, stats: CircuitStats, step_size: float = 1.0) -> None:
         """M-step with ``(1 - step_size) * old + step_size * new``."""
         self.circuit.apply_em(stats, step_size)
+        self._numpy = None
 
     def num_parameters(self) -> int:
-        return self.circuit.num_parameters()
+        """Sum-edge weights plus learnable leaf scalars (as the compiled circuit counts them)."""
+        if self._circuit is not None:
+            return self._circuit.num_parameters()
+        order = G.topological_order(self._graph)
+        return sum(len(n.children) if isinstance(n, G.SumNode) else
+                   n.dist.num_parameters() if isinstance(n, G.LeafNode) else 0 for n in order)
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -107,7 +151,7 @@ class SPN:
         """Write the circuit into an open ``h5py.Group`` (layout in the module docstring)."""
         save_graph(self.root, group)
         group.attrs["model_type"] = self.model_type
-        group.attrs["dtype"] = str(self.circuit.dtype).replace("torch.", "")
+        group.attrs["dtype"] = self._dtype
 
     @classmethod
     def load(cls, group: Any) -> "SPN":
@@ -115,7 +159,7 @@ class SPN:
         name = name.decode() if isinstance(name, bytes) else str(name)
         if name not in ("float64", "float32"):
             raise UserError(f"{group.file.filename}:{group.name}: unsupported dtype {name!r}")
-        return cls(load_graph(group), dtype=getattr(torch, name))
+        return cls(load_graph(group), dtype=name)
 
 
 LAYOUT = 2

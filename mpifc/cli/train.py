@@ -71,7 +71,12 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
     p.add_argument("--exclusive-timing", action="store_true",
                    help="clients learn one after another, so each client's CPU seconds are measured without "
-                        "its own job's other ranks competing for the cores (same model and messages)")
+                        "its own job's other ranks competing for the cores (same model and messages); "
+                        "implies --warm-up")
+    p.add_argument("--warm-up", action="store_true",
+                   help="for timings: import every module a rank's learner may use and fit each learner once "
+                        "on a tiny synthetic table before the clocks start, so one-off start-up costs stay "
+                        "out of the timed phases (same model and messages; costs seconds per rank)")
 
 
 def add_ngm_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,7 +151,8 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
             "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
             "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
-            "exclusive_timing": bool(args.exclusive_timing)}
+            "exclusive_timing": bool(args.exclusive_timing),
+            "warm_up": bool(args.warm_up or args.exclusive_timing)}
 
 
 def ngm_train_config(args: argparse.Namespace) -> dict[str, Any]:

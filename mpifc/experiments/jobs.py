@@ -133,12 +133,30 @@ def cached_job(launcher: Launcher, runs: Path, module: str, ranks: int, args: li
     for flag, name in outputs.items():
         full += [flag, str(run_dir / name)]
         paths[flag.lstrip("-").replace("-", "_") + "_path"] = str(run_dir / name)
-    job = launcher.run(ranks, ["-m", module, *full], timeout)
+    # Every rank of an mpifc job reports its peak RSS there (mpifc.runtime.job.MODULE_REPORT_ENV).
+    reports = run_dir / "rank-reports"
+    job = launcher.run(ranks, ["-m", module, *full], timeout, env={"MPIFC_MODULE_REPORT": str(reports)})
     res = {**job.last_json(), **paths, "ranks": ranks, "job_seconds": job.seconds, "run_dir": str(run_dir),
-           "command": " ".join(job.cmd)}
+           "command": " ".join(job.cmd), **peak_rss(reports)}
     res.pop("ledger", None)  # the baselines' per-kind breakdown: the ledger file has it all
     atomic_write_text(done, json.dumps(res, indent=1))
     return {**res, "cached": False}
+
+
+def peak_rss(folder: Path) -> dict[str, float]:
+    """The largest peak RSS (MB) of a job's ranks from their module reports in ``folder``:
+    ``peak_rss_mb_max`` over all ranks, ``peak_rss_mb_server`` and ``peak_rss_mb_client`` per
+    role; empty when the job wrote none (not an mpifc job)."""
+    best: dict[str, float] = {}
+    for p in sorted(folder.glob("rank-*.json")) if folder.is_dir() else []:
+        try:
+            rep = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        mb = float(rep.get("peak_rss_mb", 0.0))
+        for key in ("peak_rss_mb_max", f"peak_rss_mb_{rep.get('role', 'client')}"):
+            best[key] = max(best.get(key, 0.0), mb)
+    return best
 
 
 def fc_train_args(shards: Path, *, learner: str = "learnspn", glue: str = "random", clusters: int = 2,

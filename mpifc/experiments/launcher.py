@@ -120,8 +120,9 @@ class Launcher:
         env.update(self.env)
         return env
 
-    def run(self, n_ranks: int, args: Sequence[str], timeout: float | None = None) -> JobResult:
-        """Run a job to completion.
+    def run(self, n_ranks: int, args: Sequence[str], timeout: float | None = None,
+            env: dict[str, str] | None = None) -> JobResult:
+        """Run a job to completion (``env``: variables set for this job only).
 
         Raises:
             JobFailed: non-zero exit or timeout, with the stderr tail.
@@ -130,7 +131,7 @@ class Launcher:
         limit = self.timeout if timeout is None else timeout
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
-                                env=self.environment(), start_new_session=True)
+                                env={**self.environment(), **(env or {})}, start_new_session=True)
         try:
             with _sigterm_raises():
                 out, err = proc.communicate(timeout=limit)

@@ -4,7 +4,8 @@
 * weak scaling: a fixed number of training rows per client, so the data grow with ``R``;
 
 per rank count: job wall seconds (launch included), critical-path and total training seconds,
-training bytes and messages (ledger), and test log-likelihood (gathered evaluation).
+training bytes and messages (ledger), test log-likelihood (gathered evaluation) and the largest
+peak RSS of any rank (the ranks' module reports, :func:`mpifc.experiments.jobs.peak_rss`).
 
 An alpha-beta model ``t(b) = alpha + b / beta`` is fitted to the ping-pong latencies of
 ``launch/bench/transport.py`` (its CSV, or a short run of it) and projects communication time
@@ -37,7 +38,7 @@ PROJECT_CLIENTS = (1024, 10_000)
 QUERY_BATCH, QUERY_CLASSES = 10_000, 2
 TEST_FRACTION = 0.2  # data_prep's default held-out share (first guess; corrected per data set)
 METRICS = ("wall_seconds", "train_seconds_critical_path", "train_seconds_total", "bytes_train", "messages_train",
-           "test_ll", "rows_per_client")
+           "test_ll", "rows_per_client", "peak_rss_mb_max")
 
 
 def default_dataset() -> str:
@@ -107,6 +108,10 @@ def project(alpha: float, beta: float, per_client_bytes: float, per_client_messa
     return rows
 
 
+def _mb(v: Any) -> str:
+    return "–" if v is None or not math.isfinite(float(v)) else f"{float(v):.0f}"
+
+
 def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets: Sequence[str] | None = None,
         ranks: Sequence[int] | None = None, max_rows: int | None = None, shards: str | Path | None = None,
         timeout: float | None = None, progress: bool = True, launcher: Launcher | None = None,
@@ -169,7 +174,9 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
                 "train_seconds_critical_path": tr["train_seconds_critical_path"],
                 "train_seconds_total": tr["train_seconds_total"], "bytes_train": tr["bytes_train"],
                 "messages_train": tr["messages_train"], "test_ll": ev["test_ll"], "rows": n_train,
-                "rows_per_client": n_train / cell.clients, "cached_run": tr["cached"]}
+                "rows_per_client": n_train / cell.clients, "cached_run": tr["cached"],
+                # the largest peak RSS of any rank (MB; absent from runs cached before it was kept)
+                "peak_rss_mb_max": tr.get("peak_rss_mb_max")}
 
     records, counts = run_cells(store, cells, work, "scaling", progress)
     agg = aggregate(records, METRICS)
@@ -195,8 +202,9 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
     sweep = [[a["setting"], a["clients"] + 1 + n_srv, a["clients"], f"{a['rows_per_client_mean']:.0f}",
               f"{a['wall_seconds_mean']:.2f}", f"{a['train_seconds_critical_path_mean']:.3f}",
               f"{a['train_seconds_total_mean']:.3f}", f"{a['bytes_train_mean']:.0f}",
-              f"{a['messages_train_mean']:.0f}", f"{a['test_ll_mean']:.3f}"] if a["status"] == OK
-             else [a["setting"], a["clients"] + 1 + n_srv, a["clients"], short_error(a), *["–"] * 6] for a in
+              f"{a['messages_train_mean']:.0f}", f"{a['test_ll_mean']:.3f}", _mb(a.get("peak_rss_mb_max_mean"))]
+             if a["status"] == OK
+             else [a["setting"], a["clients"] + 1 + n_srv, a["clients"], short_error(a), *["–"] * 7] for a in
              sorted(agg, key=lambda a: (a["setting"], a["clients"]))]
     md = provenance(f"Scaling sweep: FedPC one-pass training on {dataset}", seeds, quick, {
         "strong": f"{strong_rows or 'all'} rows in total (80% train) over R - 1 clients",
@@ -207,7 +215,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         "projection": "training gathers every client PC at the root under both ψ (tree's intermediate servers "
                       "are idle while training), so flat and tree differ only in the query batch",
     }) + "\n" + markdown_table(["mode", "ranks", "clients", "rows/client", "wall s", "critical path s", "total s",
-                                "bytes", "messages", "test LL"], sweep)
+                                "bytes", "messages", "test LL", "max rank RSS MB"], sweep)
     head = ["clients", "train (flat)", "query batch flat", f"query batch tree S={proj[0]['servers']}",
             "query batch tree S=sqrt(C)"]
     md += "\n\nProjected communication time (s):\n\n" + markdown_table(

@@ -303,7 +303,8 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         hp = paper_hp(hp, d)
         load0 = _load()
         kw = {"learner": learner, "glue": glue, "seed": cell.seed, "hp": hp}
-        tr = train_fc_cached(launch, d, cache.runs, **kw)
+        # --warm-up: the FC clients' fit seconds exclude start-up, as the centralized reference's do
+        tr = train_fc_cached(launch, d, cache.runs, extra=("--warm-up",), **kw)
         # The denominator: centralized LearnSPN with this cell's own settings (Table 4 differs
         # per setting), measured right after the job, so the same load weighs on both sides.
         ref = central_timing(cache, cell.dataset, cell.seed, rows, hp)
@@ -428,7 +429,8 @@ def mnist_cell(cell: Cell, cache: ShardCache, launch: Launcher, rows: int | None
                 "load_average": _load()}
     split = horizontal_split("mnist", split_choice) if cell.setting == "horizontal" else "iid"
     d = mnist_shards(cache, ShardSpec("mnist", cell.setting, cell.clients, cell.seed, split=split, max_rows=rows))
-    tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=glue, seed=cell.seed, hp=hp)
+    tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=glue, seed=cell.seed, hp=hp,
+                         extra=("--warm-up",))
     return {"test_ll": pixel_log_density(d, Path(tr["model_path"])), "load_average": _load(),
             "train_seconds_critical_path": fit_critical_path(tr), "critical_path": "learn+serialize+server",
             "train_seconds_critical_path_job": tr["train_seconds_critical_path"],

@@ -20,7 +20,10 @@ Protocol (all messages to or from rank 0, phases as named in the ledger):
 Timing: every figure is busy time of a phase, measured as this process's CPU seconds
 (``time.process_time``, all threads; OMP_NUM_THREADS=1 keeps native libraries single-threaded),
 so ranks sharing cores (oversubscribed MPI, other jobs) are not charged for waiting for a core,
-and waiting for messages is excluded. Imports happen before the clocks start (:func:`warm_up`).
+and waiting for messages is excluded. With ``cfg["warm_up"]`` (``--warm-up``, implied by exclusive
+timing) imports and one-off first-call costs happen before the clocks start (:func:`warm_up`);
+without it (a user's job) a rank imports only what its own fit needs, when it needs it, so the
+``learn`` phase then includes those imports.
 Client phases: ``read`` (own shard), ``learn`` (k-means and PC fitting), ``serialize``, ``em``;
 server: ``plan``, ``assemble``, ``deserialize`` (blob decoding), ``em``. The model file write is
 in neither figure. Wall-clock seconds of the same phases are reported beside them (``*_wall``).
@@ -101,8 +104,9 @@ def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] |
     return None
 
 
-# What each learner's fit imports (numpy-only learners need no torch: see factorized.py).
-_LEARNER_MODULES = {"learnspn": ("torch", "mpifc.circuit.learnspn"), "ratspn": ("torch", "mpifc.circuit.ratspn"),
+# What each learner's fit imports (LearnSPN, factorized and DT models are fitted, sent and
+# evaluated without torch: mpifc.circuit.numpy_eval).
+_LEARNER_MODULES = {"learnspn": ("mpifc.circuit.learnspn",), "ratspn": ("torch", "mpifc.circuit.ratspn"),
                     "einet": ("torch", "mpifc.circuit.einet"), "dt": ("sklearn.tree",), "factorized": ()}
 
 
@@ -195,9 +199,13 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
                 "n_categories": list(d.n_categories), "n_rows": d.n_rows, "ids_digest": d.ids_digest},
                0, P.DECLARE)
     plan: FederationPlan = t.recv_obj(0, P.PLAN)
-    # After the plan: bad input is caught before anyone pays for the heavy imports.
-    warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks),
-            fit=True)
+    ctx.notes["learners"] = sorted({task.learner for task in plan.tasks})
+    ctx.notes["warm_up"] = bool(cfg.get("warm_up"))
+    if cfg.get("warm_up"):
+        # Timings only (--warm-up): a user's job imports what its fit needs, when it needs it.
+        # After the plan: bad input is caught before anyone pays for the heavy imports.
+        warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks),
+                fit=True)
     ctx.ledger.set_phase("learn")
     ctx.enter("learn")
     with _clock(times, walls, "learn"):
@@ -288,6 +296,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             raise UserError("--refine em (exact EM without moving data) needs every client to hold the "
                             "same rows in the same order (vertical data with aligned ids)")
     exclusive = bool(cfg.get("exclusive_timing"))
+    ctx.notes["warm_up"] = bool(cfg.get("warm_up") or exclusive)
     # The server fits nothing: it only needs the leaf models' classes to deserialize them.
     # Exclusive timing: warm up before any client starts, so no client learns beside it.
     if exclusive:
@@ -305,7 +314,8 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     else:
         for c in sorted(ranks):
             t.send_obj(client_plan(plan, c), ranks[c], P.PLAN)
-        warm_up({task.learner for task in plan.tasks} - {"dt"}, cluster=False)
+        if cfg.get("warm_up"):
+            warm_up({task.learner for task in plan.tasks} - {"dt"}, cluster=False)
         ctx.ledger.set_phase("learn")
         ctx.enter("learn")
         t_learn = time.perf_counter()

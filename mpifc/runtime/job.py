@@ -49,6 +49,8 @@ class JobContext:
         device_override: the ``--device`` value, if any.
         liveness: the rank's heartbeats (:mod:`mpifc.runtime.liveness`), or None in a one-rank job.
         outputs: this rank's output files not yet in place (:meth:`stage`).
+        notes: what the job function wants this rank's module report to say about it (e.g. its
+            learners, whether it warmed up); see :data:`MODULE_REPORT_ENV`.
     """
 
     comm: Any
@@ -63,6 +65,7 @@ class JobContext:
     device_override: str | None = None
     liveness: Any = None
     outputs: StagedOutputs = field(default_factory=StagedOutputs)
+    notes: dict[str, Any] = field(default_factory=dict)
 
     def enter(self, phase: str) -> None:
         """Announce what this rank does now (``"read"``, ``"learn"``, ...): carried by its
@@ -190,6 +193,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
                 raise
             code = 0
         code = int(code or 0)
+        write_module_report(rank, "server" if roles.is_server(rank) else "client", ctx.notes)
         if live is not None:
             live.set_state(DONE)
         # Every rank must be done before the collective gather; the barrier keeps the deadline.
@@ -235,6 +239,31 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         return code
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         abort_job(exc)
+
+
+MODULE_REPORT_ENV = "MPIFC_MODULE_REPORT"
+"""Names a folder: every rank of a job writes ``rank-<R>.json`` there when its job function has
+returned, with its role, the job function's notes (:attr:`JobContext.notes`), the sorted top-level names of the modules it has loaded and its peak
+resident set size (MB). How the tests show that a rank did not import what it does not need
+(torch, scikit-learn) and how the start-up benchmark reads each rank's memory."""
+
+
+def write_module_report(rank: int, role: str, notes: dict[str, Any] | None = None) -> None:
+    """Write this rank's module report if :data:`MODULE_REPORT_ENV` names a folder."""
+    folder = os.environ.get(MODULE_REPORT_ENV)
+    if not folder:
+        return
+    import json
+    import resource
+
+    top = sorted({name.split(".", 1)[0] for name in list(sys.modules)})
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    out = Path(folder) / f"rank-{rank}.json"
+    tmp = out.with_suffix(".json.part")
+    tmp.write_text(json.dumps({"rank": rank, "role": role, "peak_rss_mb": round(peak_kb / 1024.0, 1),
+                               "notes": dict(notes or {}), "modules": top}, default=str))
+    os.replace(tmp, out)
 
 
 def main_entry(main: Callable[[JobContext], int | None], **kwargs: Any) -> None:

@@ -5,7 +5,8 @@ import math
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
-import torch
+
+from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never need it
 
 from mpifc.errors import UserError
 
@@ -16,7 +17,9 @@ LOG_ZERO = -1e30
 MIN_FLOW = 1e-12
 """A leaf or sum node whose total expected count is below this keeps its old parameters in EM."""
 
-Params = dict[str, torch.Tensor]
+Params = dict[str, Any]
+"""Stacked leaf parameters: ``torch.Tensor`` values (:meth:`Leaf.stack`), or numpy arrays
+(:meth:`Leaf.stack_numpy`, the numpy evaluator's)."""
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -24,7 +27,9 @@ _BIG = 1e150
 """Deviations from the mean are clamped to +-_BIG in EM statistics (squares stay finite)."""
 
 
-def _as_tensor(x: Any, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def _as_tensor(x: Any, dtype: Any = None) -> torch.Tensor:
+    if dtype is None:
+        dtype = torch.float64
     if isinstance(x, torch.Tensor):
         return x.to(dtype)
     return torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=dtype)
@@ -91,12 +96,14 @@ class Leaf:
         return f"{type(self).__name__}({parts})"
 
     @classmethod
-    def stack(cls, leaves: Sequence["Leaf"], dtype: torch.dtype = torch.float64) -> Params:
+    def stack(cls, leaves: Sequence["Leaf"], dtype: Any = None) -> Params:
         """Stack ``n`` leaves of this type into batched parameters.
 
         Scalars become ``(n,)``; ragged vectors become ``(n, max_len)`` padded with ``cls.pad``,
         and their lengths are stored under ``"len_<name>"`` as int64 ``(n,)``.
         """
+        if dtype is None:
+            dtype = torch.float64
         P: Params = {}
         for k in cls.param_names:
             arrs = [lf._p[k] for lf in leaves]
@@ -109,6 +116,23 @@ class Leaf:
                 P["len_" + k] = torch.as_tensor([a.size for a in arrs], dtype=torch.int64)
             else:
                 P[k] = torch.as_tensor(np.array([float(a) for a in arrs]), dtype=dtype)
+        return P
+
+    @classmethod
+    def stack_numpy(cls, leaves: Sequence["Leaf"]) -> Params:
+        """:meth:`stack` as numpy arrays (float64; ``len_*`` int64), for :meth:`np_log_prob`."""
+        P: Params = {}
+        for k in cls.param_names:
+            arrs = [lf._p[k] for lf in leaves]
+            if k in cls.ragged:
+                m = max(a.size for a in arrs)
+                buf = np.full((len(arrs), m), cls.pad.get(k, 0.0))
+                for i, a in enumerate(arrs):
+                    buf[i, : a.size] = a
+                P[k] = buf
+                P["len_" + k] = np.array([a.size for a in arrs], dtype=np.int64)
+            else:
+                P[k] = np.array([float(a) for a in arrs], dtype=np.float64)
         return P
 
     @classmethod
@@ -134,6 +158,12 @@ class Leaf:
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def np_log_prob(cls, P: Params, x: np.ndarray) -> np.ndarray:
+        """:meth:`batch_log_prob` in numpy, on :meth:`stack_numpy` parameters and float64 ``x``
+        ``(batch, n)``: the same operations, so the same values up to rounding (no torch)."""
         raise NotImplementedError
 
     @classmethod
@@ -185,6 +215,28 @@ class Leaf:
     def fit(cls, values: Any, weights: Any | None = None, **hp: Any) -> "Leaf":
         """Weighted maximum-likelihood (with smoothing/floors) from ``values`` ``(n,)``; NaN ignored."""
         raise NotImplementedError
+
+
+def _np_safe_log(p: np.ndarray) -> np.ndarray:
+    """:func:`_safe_log` in numpy."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.maximum(np.log(p), LOG_ZERO)
+
+
+def _np_finish(lp: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """:func:`_finish` in numpy."""
+    lp = np.maximum(np.nan_to_num(lp, nan=LOG_ZERO, neginf=LOG_ZERO), LOG_ZERO)
+    return np.where(np.isnan(x), 0.0, lp)
+
+
+def _np_row_searchsorted(sorted_rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per leaf ``i``, ``searchsorted(sorted_rows[i], x[:, i], side="right")``, ``(batch, n)``
+    int64: the number of entries of row ``i`` at or below each value (rows ascending, padded
+    with ``inf``), as ``torch.searchsorted(..., right=True)`` counts them."""
+    out = np.zeros(x.shape, dtype=np.int64)
+    for k in range(sorted_rows.shape[1]):  # a few bins or knots: one comparison per column
+        out += sorted_rows[None, :, k] <= x
+    return out
 
 
 def _flow(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,11 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
-from mpifc.circuit.leaves.base import LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _mix, _safe_log
+from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never need it
+
+from mpifc.circuit.leaves.base import (LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _mix, _np_finish,
+                                       _np_row_searchsorted, _np_safe_log, _safe_log)
 from mpifc.errors import UserError
 
 
@@ -29,6 +31,14 @@ def _tail_log_density(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tail:
     scale = (hi - lo)[None, :]
     dist = torch.where(x < lo[None, :], lo[None, :] - x, x - hi[None, :]).clamp_min(0.0)
     return torch.log(tail / 2)[None, :] - torch.log(scale) - dist / scale
+
+
+def _np_tail_log_density(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """:func:`_tail_log_density` in numpy."""
+    scale = (hi - lo)[None, :]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        dist = np.maximum(np.where(x < lo[None, :], lo[None, :] - x, x - hi[None, :]), 0.0)
+        return np.log(tail / 2)[None, :] - np.log(scale) - dist / scale
 
 
 def _sample_tails(out: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: np.ndarray,
@@ -115,6 +125,22 @@ class Histogram(Leaf):
         outside = ((xc < lo[None, :]) | (xc >= hi[None, :])) & (P["discrete"] == 0)[None, :]
         lt = torch.where(outside, _tail_log_density(xc, lo, hi, tail), torch.full_like(lp, LOG_ZERO))
         return _finish(torch.where(ok, lp, lt), x)
+
+    @classmethod
+    def np_log_prob(cls, P: Params, x: np.ndarray) -> np.ndarray:
+        br, n = P["breaks"], P["breaks"].shape[0]
+        xc = np.nan_to_num(x, nan=0.0)
+        j = _np_row_searchsorted(br, xc) - 1
+        ok = (j >= 0) & (j < (P["len_breaks"] - 1)[None, :]) & ~np.isnan(x)
+        ok &= (P["discrete"] == 0)[None, :] | (x == np.floor(x))
+        j = np.where(ok, j, 0)
+        tail = P["tail"]
+        col = np.arange(n)[None, :]
+        lp = _np_safe_log(P["densities"])[col, j] + np.log1p(-tail)[None, :]
+        lo, hi = br[:, 0], br[np.arange(n), P["len_breaks"] - 1]
+        outside = ((xc < lo[None, :]) | (xc >= hi[None, :])) & (P["discrete"] == 0)[None, :]
+        lt = np.where(outside, _np_tail_log_density(xc, lo, hi, tail), LOG_ZERO)
+        return _np_finish(np.where(ok, lp, lt), x)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
@@ -264,6 +290,25 @@ class PiecewiseLinear(Leaf):
         xc = torch.nan_to_num(x, nan=0.0)
         lt = _tail_log_density(xc, lo, hi, P["tail"])
         return _finish(torch.where(ok, body, lt), x)
+
+    @classmethod
+    def np_log_prob(cls, P: Params, x: np.ndarray) -> np.ndarray:
+        xs, ys, n = P["xs"], P["ys"], P["xs"].shape[0]
+        xc = np.nan_to_num(x, nan=0.0)
+        j = _np_row_searchsorted(xs, xc) - 1
+        last = P["len_xs"] - 1
+        col = np.arange(n)[None, :]
+        hi = xs[np.arange(n), last]
+        j = np.where(xc == hi[None, :], (last - 1)[None, :], j)
+        ok = (j >= 0) & (j < last[None, :]) & ~np.isnan(x)
+        j = np.where(ok, j, 0)
+        x0, x1 = xs[col, j], xs[col, j + 1]
+        with np.errstate(invalid="ignore"):
+            t = np.clip((xc - x0) / np.where(ok, x1 - x0, 1.0), 0, 1)
+            y = np.maximum(ys[col, j] + t * (ys[col, j + 1] - ys[col, j]), 0)
+        body = _np_safe_log(y) + np.log1p(-P["tail"])[None, :]
+        lt = _np_tail_log_density(xc, xs[:, 0], hi, P["tail"])
+        return _np_finish(np.where(ok, body, lt), x)
 
     @classmethod
     def _hat_areas(cls, P: Params) -> torch.Tensor:

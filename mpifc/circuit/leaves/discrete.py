@@ -4,9 +4,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
-from mpifc.circuit.leaves.base import LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _flow, _mix, _safe_log
+from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never need it
+
+from mpifc.circuit.leaves.base import (LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _flow, _mix,
+                                       _np_finish, _np_safe_log, _safe_log)
 from mpifc.errors import UserError
 
 
@@ -33,6 +35,12 @@ class Bernoulli(Leaf):
         lp1, lp0 = _safe_log(P["p"])[None, :], _safe_log(1 - P["p"])[None, :]
         lp = torch.where(x == 1, lp1, torch.where(x == 0, lp0, LOG_ZERO))
         return torch.where(torch.isnan(x), 0.0, lp)
+
+    @classmethod
+    def np_log_prob(cls, P: Params, x: np.ndarray) -> np.ndarray:
+        lp1, lp0 = _np_safe_log(P["p"])[None, :], _np_safe_log(1 - P["p"])[None, :]
+        lp = np.where(x == 1, lp1, np.where(x == 0, lp0, LOG_ZERO))
+        return np.where(np.isnan(x), 0.0, lp)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
@@ -94,6 +102,15 @@ class Categorical(Leaf):
         idx = torch.where(ok, x, torch.zeros_like(x)).long()
         lp = logp[torch.arange(logp.shape[0])[None, :], idx]
         return _finish(torch.where(ok, lp, torch.full_like(lp, LOG_ZERO)), x)
+
+    @classmethod
+    def np_log_prob(cls, P: Params, x: np.ndarray) -> np.ndarray:
+        logp = _np_safe_log(P["probs"])  # (n, K)
+        K = logp.shape[1]
+        ok = (x >= 0) & (x < K) & (x == np.floor(x))
+        idx = np.where(ok, x, 0.0).astype(np.int64)
+        lp = logp[np.arange(logp.shape[0])[None, :], idx]
+        return _np_finish(np.where(ok, lp, LOG_ZERO), x)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:

@@ -5,9 +5,11 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
-from mpifc.circuit.leaves.base import _BIG, _LOG_2PI, LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _flow, _mix
+from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never need it
+
+from mpifc.circuit.leaves.base import (_BIG, _LOG_2PI, LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _flow,
+                                       _mix, _np_finish)
 from mpifc.errors import UserError
 
 
@@ -40,6 +42,13 @@ class Gaussian(Leaf):
         v = P["var"]
         lp = -0.5 * (_LOG_2PI + torch.log(v) + (x - P["mean"]) ** 2 / v)
         return _finish(lp, x)
+
+    @classmethod
+    def np_log_prob(cls, P: Params, x: np.ndarray) -> np.ndarray:
+        v = P["var"]
+        with np.errstate(invalid="ignore", over="ignore"):
+            lp = -0.5 * (_LOG_2PI + np.log(v) + (x - P["mean"]) ** 2 / v)
+        return _np_finish(lp, x)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
@@ -98,6 +107,19 @@ def _log_interval_mass(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return lhi + _log1mexp((llo - lhi).clamp_max(0.0))
 
 
+def _np_log_interval_mass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`_log_interval_mass` in numpy (scipy's ``log_ndtr``)."""
+    from scipy.special import log_ndtr
+
+    flip = a > 0
+    hi = np.where(flip, -a, b)
+    lo = np.where(flip, -b, a)
+    lhi, llo = log_ndtr(hi), log_ndtr(lo)
+    z = np.minimum(llo - lhi, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return lhi + np.where(z > -math.log(2.0), np.log(-np.expm1(z)), np.log1p(-np.exp(z)))
+
+
 class DiscretizedGaussian(Leaf):
     """Gaussian censored to integer levels ``k = 0..levels-1`` (paper appendix E.2, fixed).
 
@@ -150,6 +172,18 @@ class DiscretizedGaussian(Leaf):
         a, b, ok = cls._std_edges(P, x)
         lp = _log_interval_mass(a, b)
         return _finish(torch.where(ok, lp, torch.full_like(lp, LOG_ZERO)), x)
+
+    @classmethod
+    def np_log_prob(cls, P: Params, x: np.ndarray) -> np.ndarray:
+        L, w = P["levels"], P["bin_width"]
+        xc = np.nan_to_num(x, nan=0.0)
+        ok = (xc >= 0) & (xc <= L - 1) & (xc == np.floor(xc))
+        s = np.sqrt(P["var"])
+        with np.errstate(invalid="ignore", over="ignore"):
+            a = np.where(xc <= 0, -np.inf, (xc * w - P["mean"]) / s)
+            b = np.where(xc >= L - 1, np.inf, ((xc + 1) * w - P["mean"]) / s)
+            lp = _np_log_interval_mass(a, b)
+        return _np_finish(np.where(ok, lp, LOG_ZERO), x)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
