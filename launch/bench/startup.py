@@ -52,7 +52,7 @@ def _env(report: Path | None = None) -> dict[str, str]:
 
 
 def run(cmd: list[str], timeout: float, report: Path | None = None) -> float:
-    """Wall seconds of ``cmd`` (its own session; a timeout ends the whole group)."""
+    """Wall seconds of ``cmd`` (in a process group of its own; a timeout ends the whole group)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env=_env(report), start_new_session=True)
