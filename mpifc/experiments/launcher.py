@@ -136,11 +136,11 @@ class Launcher:
             with _sigterm_raises():
                 out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            _end_session(proc)
+            _end_group(proc)
             out, err = proc.communicate()
             raise JobFailed(f"job timed out after {limit:g} s", cmd, None, err) from None
         except BaseException:
-            _end_session(proc)
+            _end_group(proc)
             raise
         seconds = time.perf_counter() - t0
         if proc.returncode != 0:
@@ -174,7 +174,7 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _end_session(proc: subprocess.Popen) -> None:
+def _end_group(proc: subprocess.Popen) -> None:
     """SIGTERM the job's process group, SIGKILL what is still there after a grace period."""
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         try:
