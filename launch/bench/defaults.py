@@ -203,15 +203,15 @@ def main() -> None:
         rows.append({"cell": cell, "runs": runs, "agg": agg, "missed": goals(cell, agg["old"], agg["new"])})
     print(f"\nmpifc train defaults, old (--preset learner, validation rows merged) / new (no flags); "
           f"seeds {','.join(map(str, seeds))}; mean±std; {time.perf_counter() - t_all:.0f} s in all")
-    head = (f"{'dataset':<14}{'setting':<13}{'accuracy old / new':>24}{'macro F1 old / new':>24}"
-            f"{'test LL old / new':>28}{'wall s old / new':>24}{'cpu s old / new':>24}  goals")
+    head = (f"{'dataset':<14}{'setting':<13}{'accuracy old / new':>28}{'macro F1 old / new':>28}"
+            f"{'test LL old / new':>30}{'wall s old / new':>26}{'cpu s old / new':>26}  goals")
     print(head)
     print("-" * len(head))
     for r in rows:
         c, o, n = r["cell"], r["agg"]["old"], r["agg"]["new"]
         pair = lambda k, dg: f"{fmt(o[k], dg)} / {fmt(n[k], dg)}"  # noqa: E731
-        print(f"{c['dataset']:<14}{c['setting'] + ' ' + str(c['clients']):<13}{pair('accuracy', 3):>24}"
-              f"{pair('f1_macro', 3):>24}{pair('test_ll', 2):>28}{pair('wall', 1):>24}{pair('cpu', 2):>24}  "
+        print(f"{c['dataset']:<14}{c['setting'] + ' ' + str(c['clients']):<13}{pair('accuracy', 3):>28}"
+              f"{pair('f1_macro', 3):>28}{pair('test_ll', 2):>30}{pair('wall', 1):>26}{pair('cpu', 2):>26}  "
               f"{'ok' if not r['missed'] else 'missed: ' + ', '.join(r['missed'])}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float) + "\n")
