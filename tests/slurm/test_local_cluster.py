@@ -191,8 +191,9 @@ def job_processes(job_id: str, conf: Path) -> dict[int, str]:
 
 def test_scancel_mid_training_leaves_no_model_and_no_process(slurm: Cluster, shards: Path, tmp_path):
     model, one_pass = tmp_path / "model.h5", tmp_path / "one-pass.h5"
-    # The one-pass model is written when EM refinement starts, and EM then runs far longer than
-    # the test waits: once one-pass.h5 is there, the job is mid-training.
+    # Outputs reach their final paths only when the job succeeds, so mid-training shows as the
+    # partial one-pass model written beside its final path when EM refinement starts; EM then
+    # runs far longer than the test waits.
     train = shlex.join([*SRUN[:2], *MPIFC, "train", str(shards), *TRAIN_OPTS, "--refine", "em", "--em-iters", "1000000",
                       "--em-initial-model", str(one_pass), "--model", str(model)])
     r = slurm.run(["sbatch", "--parsable", "--ntasks=4", f"--time={JOB_MINUTES}", f"--output={tmp_path}/job.out",
@@ -200,18 +201,18 @@ def test_scancel_mid_training_leaves_no_model_and_no_process(slurm: Cluster, sha
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip().split(";")[0]
     deadline = time.monotonic() + HANG
-    while not one_pass.exists():
+    while not list(tmp_path.glob(f".{one_pass.name}.partial-*")):
         out = tmp_path / "job.out"
         assert time.monotonic() < deadline, (out.read_text() if out.exists() else "") + slurm.logs()
         assert slurm.queued([job_id]), "the job ended before EM started: " + (out.read_text() if out.exists() else "")
         time.sleep(0.3)
     ranks = {p: c for p, c in job_processes(job_id, slurm.conf).items()
              if Path(c.split()[0]).name.startswith("python") and " train " in c}  # not srun, not sh
-    assert len(ranks) == 4 and not model.exists(), ranks
+    assert len(ranks) == 4 and not model.exists() and not one_pass.exists(), ranks
     slurm.check(["scancel", job_id])
     slurm.wait_drained([job_id], timeout=60)
     assert slurm.job_field(job_id, "JobState") == "CANCELLED"
-    assert not model.exists()
+    assert not model.exists() and not one_pass.exists()
     # The job leaves squeue once its steps report their ends; their last exits may trail by a moment.
     deadline = time.monotonic() + 10
     while (left := job_processes(job_id, slurm.conf)) and time.monotonic() < deadline:
