@@ -29,7 +29,8 @@ what it sees:
 * fewer ranks than the launcher started on this node registered within a generous start-up
   grace: one line, and the node's ranks are killed;
 * once every rank of the node is gone: partial outputs of a failed job are removed, the
-  folder is removed, and the sentinel exits.
+  folder is removed, and the sentinel exits. SIGTERM (``scancel``, a batch system's time
+  limit) counts as a failure: the sentinel stays until the ranks are gone, then cleans up.
 
 Ranks whose MPI heartbeats run are judged by their peers (:mod:`mpifc.runtime.liveness`), not
 here. The sentinel prints on the standard error it inherited from the rank that started it,
@@ -303,7 +304,15 @@ def main(argv: list[str]) -> int:
             f.write(str(os.getpid()))
     except OSError:
         pass
-    Sentinel(folder, limit, local_ranks).run()
+    sentinel = Sentinel(folder, limit, local_ranks)
+
+    def terminated(signum: int, frame: object) -> None:
+        # The job is being ended from outside (scancel, a batch system's time limit): the ranks
+        # get the same signal; stay to see them gone, then remove their partial outputs.
+        sentinel.failed = True
+
+    signal.signal(signal.SIGTERM, terminated)
+    sentinel.run()
     return 0
 
 

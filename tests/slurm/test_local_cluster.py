@@ -213,6 +213,11 @@ def test_scancel_mid_training_leaves_no_model_and_no_process(slurm: Cluster, sha
     slurm.wait_drained([job_id], timeout=60)
     assert slurm.job_field(job_id, "JobState") == "CANCELLED"
     assert not model.exists() and not one_pass.exists()
+    # the node sentinel outlives the ranks by a moment and removes their partial outputs
+    deadline = time.monotonic() + 10
+    while list(tmp_path.glob(".*.partial-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list(tmp_path.glob(".*.partial-*"))
     # The job leaves squeue once its steps report their ends; their last exits may trail by a moment.
     deadline = time.monotonic() + 10
     while (left := job_processes(job_id, slurm.conf)) and time.monotonic() < deadline:
