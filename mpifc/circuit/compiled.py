@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from mpifc.circuit.graph import LeafNode, Node, ProductNode, SumNode, topological_order, validate
+from mpifc.circuit.graph import LeafNode, Node, SumNode, inner_layers, topological_order, validate
 from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, MIN_FLOW, Leaf, Params
 from mpifc.circuit.semiring import MAX_PRODUCT, SUM_PRODUCT, Semiring, segment_argmax
 from mpifc.errors import UserError
@@ -405,20 +405,12 @@ class CompiledCircuit:
             self.groups.append(LeafGroup(cls, cls.stack([n.dist for n in mine], dtype),
                                          _idx([col_of[n.var] for n in mine]), nxt - len(mine), nxt, mine))
 
-        # Inner nodes by layer.
-        level: dict[int, int] = {}
-        for n in order:
-            level[id(n)] = 0 if isinstance(n, LeafNode) else 1 + max(level[id(c)] for c in n.children)
-        n_layers = max(level.values())
-        by_layer: list[tuple[list[Node], list[Node]]] = [([], []) for _ in range(n_layers + 1)]
-        for n in order:
-            if not isinstance(n, LeafNode):
-                by_layer[level[id(n)]][0 if isinstance(n, ProductNode) else 1].append(n)
+        # Inner nodes by layer (mpifc.circuit.graph.inner_layers).
         self.layers: list[Layer] = []
         self.sum_nodes: list[SumNode] = []
         logw: list[np.ndarray] = []
         e = 0
-        for prods, sums in by_layer[1:]:
+        for prods, sums in inner_layers(order):
             p0 = nxt
             for n in prods:
                 pos[id(n)] = nxt

@@ -157,6 +157,20 @@ def topological_order(root: Node) -> list[Node]:
     return order
 
 
+def inner_layers(order: list[Node]) -> list[tuple[list[Node], list[Node]]]:
+    """The inner nodes of a topological ``order`` by height (leaves 0, a node 1 + its highest
+    child), lowest first: per height ``(products, sums)`` in ``order``'s order. Every node's
+    children lie in lower layers, so evaluating the layers in turn is an upward pass."""
+    level: dict[int, int] = {}
+    for n in order:
+        level[id(n)] = 0 if isinstance(n, LeafNode) else 1 + max(level[id(c)] for c in n.children)
+    by_layer: list[tuple[list[Node], list[Node]]] = [([], []) for _ in range(max(level.values()) + 1)]
+    for n in order:
+        if not isinstance(n, LeafNode):
+            by_layer[level[id(n)]][0 if isinstance(n, ProductNode) else 1].append(n)
+    return by_layer[1:]
+
+
 def leaves_of(root: Node) -> list[LeafNode]:
     """The leaf nodes under ``root`` in topological order."""
     return [n for n in topological_order(root) if isinstance(n, LeafNode)]

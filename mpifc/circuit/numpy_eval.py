@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.circuit.graph import LeafNode, Node, ProductNode, topological_order
+from mpifc.circuit.graph import LeafNode, Node, inner_layers, topological_order
 from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, Leaf, Params
 from mpifc.errors import UserError
 
@@ -82,16 +82,8 @@ class NumpyCircuit:
             bad = next(n for n in leaves if type(n.dist) not in LEAF_TYPES.values())
             raise UserError(f"{bad.name}: leaf type {type(bad.dist).__name__} is not registered in "
                             f"mpifc.circuit.leaves.LEAF_TYPES")
-        level: dict[int, int] = {}
-        for n in order:
-            level[id(n)] = 0 if isinstance(n, LeafNode) else 1 + max(level[id(c)] for c in n.children)
-        n_layers = max(level.values())
-        by_layer: list[tuple[list[Node], list[Node]]] = [([], []) for _ in range(n_layers + 1)]
-        for n in order:
-            if not isinstance(n, LeafNode):
-                by_layer[level[id(n)]][0 if isinstance(n, ProductNode) else 1].append(n)
         self.layers: list[_Layer] = []
-        for prods, sums in by_layer[1:]:
+        for prods, sums in inner_layers(order):
             p0 = nxt
             for n in prods:
                 pos[id(n)] = nxt

@@ -104,19 +104,8 @@ class Leaf:
         """
         if dtype is None:
             dtype = torch.float64
-        P: Params = {}
-        for k in cls.param_names:
-            arrs = [lf._p[k] for lf in leaves]
-            if k in cls.ragged:
-                m = max(a.size for a in arrs)
-                buf = np.full((len(arrs), m), cls.pad.get(k, 0.0))
-                for i, a in enumerate(arrs):
-                    buf[i, : a.size] = a
-                P[k] = torch.as_tensor(buf, dtype=dtype)
-                P["len_" + k] = torch.as_tensor([a.size for a in arrs], dtype=torch.int64)
-            else:
-                P[k] = torch.as_tensor(np.array([float(a) for a in arrs]), dtype=dtype)
-        return P
+        return {k: torch.as_tensor(v, dtype=torch.int64 if k.startswith("len_") else dtype)
+                for k, v in cls.stack_numpy(leaves).items()}
 
     @classmethod
     def stack_numpy(cls, leaves: Sequence["Leaf"]) -> Params:
