@@ -40,8 +40,14 @@ def run_mpi(n: int, args: list[str], timeout: float = 120.0, cwd: str | Path | N
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, *args]
     # A process group of its own, so a timeout can end mpiexec *and* its proxies and ranks: killing
     # mpiexec alone would leave orphaned ranks spinning on a shared machine.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=str(cwd or REPO), env=full_env, start_new_session=True)
+    return run_in_group(cmd, timeout=timeout, cwd=cwd or REPO, env=full_env)
+
+
+def run_in_group(cmd: list, *, timeout: float, cwd: str | Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``cmd`` in a process group of its own; on timeout (or any interruption) the whole group
+    goes, then subprocess.TimeoutExpired is raised with what it printed."""
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(cwd), env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.mpi_util import _kill_group
+from tests.mpi_util import run_in_group
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "launch" / "slurm" / "local-cluster.sh"
@@ -35,18 +35,7 @@ def run_cmd(cmd: list[str], env: dict[str, str], timeout: float, cwd: str | Path
             ) -> subprocess.CompletedProcess:
     """``cmd`` in a process group of its own; on timeout the whole process group goes, then
     subprocess.TimeoutExpired is raised (srun and sbatch must never hang a test run)."""
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=str(cwd), env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, err = proc.communicate()
-        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
-    except BaseException:
-        _kill_group(proc)
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return run_in_group(cmd, timeout=timeout, cwd=cwd, env=env)
 
 
 def _search_path() -> str:
