@@ -24,12 +24,13 @@ def bench_main(args: argparse.Namespace) -> int:
         have = sorted(p.stem for p in BENCH_DIR.glob("*.py")) if BENCH_DIR.is_dir() else []
         raise UserError(f"mpifc bench: no benchmark {args.name!r} in {BENCH_DIR}"
                         + (f"; available: {', '.join(have)}" if have else " (benchmarks need a source checkout)"))
-    saved = sys.argv
+    saved, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *args.bench_args]
+    sys.path.insert(0, str(BENCH_DIR))  # as when the script runs itself: its helpers sit beside it
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        sys.argv = saved
+        sys.argv, sys.path[:] = saved, saved_path
     return 0

@@ -14,6 +14,13 @@ def add_liveness_argument(p: argparse.ArgumentParser) -> None:
                         "GIL held) before the job ends naming it (> 0, default 10)")
 
 
+def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """``--json`` (``what`` as one JSON line instead of text) or ``--quiet`` (nothing)."""
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help=f"print {what} as one JSON line instead of text")
+    out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
+
+
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags every MPI job has: ``--deadline``, ``--liveness`` and ``--device``."""
     p.add_argument("--deadline", type=float, default=300.0, metavar="S",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import add_liveness_argument
+from mpifc.cli.common import add_liveness_argument, add_output_arguments
 from mpifc.cli.train import FAMILIES
 
 
@@ -28,9 +28,7 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the metrics as one JSON line (rank 0) instead of text")
-    out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
+    add_output_arguments(p, "the metrics (rank 0)")
     p.add_argument("--query", default="ll", choices=("ll", "mpe", "sample"),
                    help="ll: log-likelihood/conditionals (default); mpe: most probable completion of the "
                         "test rows with the target blanked; sample: --n-samples unconditional samples")

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.cli.common import add_liveness_argument
+from mpifc.cli.common import add_liveness_argument, add_output_arguments
 from mpifc.errors import UserError
 
 QUESTIONS = ("ll", "predict", "mpe", "sample", "marginal")
@@ -59,9 +59,7 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per pass")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send or receive may wait")
     add_liveness_argument(p)
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print a JSON summary instead of the human one")
-    out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
+    add_output_arguments(p, "the summary")
 
 
 # -- input ---------------------------------------------------------------------------------------

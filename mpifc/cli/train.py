@@ -9,7 +9,7 @@ import argparse
 import functools
 from typing import Any
 
-from mpifc.cli.common import add_liveness_argument, comma_ints, parse_kv
+from mpifc.cli.common import add_liveness_argument, add_output_arguments, comma_ints, parse_kv
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.defaults import PRESETS, RULE_HELP
@@ -66,9 +66,7 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the summary as one JSON line (rank 0) instead of text")
-    out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
+    add_output_arguments(p, "the summary (rank 0)")
     p.add_argument("--exclusive-timing", action="store_true",
                    help="clients learn one after another, so each client's CPU seconds are measured without "
                         "its own job's other ranks competing for the cores (same model and messages); "
