@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from grouprun import run_checked  # beside this script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,24 +73,7 @@ def run(cmd: list[str], timeout: float) -> tuple[str, float]:
     """Run ``cmd`` in a process group of its own; (stdout, wall seconds). A timeout ends the whole group."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=5)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
-        raise
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{err.strip()[-2000:]}")
-    return out, wall
+    return run_checked(cmd, timeout, env, REPO)
 
 
 def last_json(text: str) -> dict[str, Any]:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from grouprun import run_checked  # beside this script
 
 REPO = Path(__file__).resolve().parents[2]
 FLOOR = "import mpi4py.MPI, numpy, h5py"
@@ -53,24 +52,7 @@ def _env(report: Path | None = None) -> dict[str, str]:
 
 def run(cmd: list[str], timeout: float, report: Path | None = None) -> float:
     """Wall seconds of ``cmd`` (in a process group of its own; a timeout ends the whole group)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=_env(report), start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=5)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
-        raise
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{err.strip()[-2000:]}")
-    return wall
+    return run_checked(cmd, timeout, _env(report), REPO)[1]
 
 
 def mpiexec() -> str:
