@@ -100,28 +100,23 @@ def conditional_route(node: Node, child_values: list[np.ndarray], active: np.nda
     return [active & (choice == i) for i in range(k)]
 
 
-def leaf_sample_given(node: Node, active: np.ndarray, rng: np.random.Generator, cols: Columns) -> np.ndarray:
+def leaf_sample_given(node: Node, active: np.ndarray, rng: np.random.Generator, cols: Columns | None) -> np.ndarray:
     """Samples ``(n_active, d_leaf)`` of a leaf for its active samples (ascending order) from its
-    conditional given their evidence in ``cols`` (observed entries are kept)."""
+    conditional given their evidence in ``cols`` (observed entries are kept); ``cols`` None:
+    unconditional samples."""
     k = int(active.sum())
     if k == 0:
         return np.zeros((0, len(node.leaf.features)))
     model = node.leaf.model
     if model is None:
         raise UserError(f"leaf node {node.id} (client {node.leaf.client}) has no model on this rank")
-    ev = leaf_input(node, cols)[active]
-    return np.asarray(model.sample(k, rng, evidence=ev), dtype=np.float64).reshape(k, len(node.leaf.features))
+    kw = {} if cols is None else {"evidence": leaf_input(node, cols)[active]}
+    return np.asarray(model.sample(k, rng, **kw), dtype=np.float64).reshape(k, len(node.leaf.features))
 
 
 def leaf_sample(node: Node, active: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Samples ``(n_active, d_leaf)`` of a leaf for its active samples (ascending order)."""
-    k = int(active.sum())
-    if k == 0:
-        return np.zeros((0, len(node.leaf.features)))
-    model = node.leaf.model
-    if model is None:
-        raise UserError(f"leaf node {node.id} (client {node.leaf.client}) has no model on this rank")
-    return np.asarray(model.sample(k, rng), dtype=np.float64).reshape(k, len(node.leaf.features))
+    return leaf_sample_given(node, active, rng, None)
 
 
 # -- shared downward pass (one process) --------------------------------------------------------
