@@ -7,14 +7,17 @@ structure learner in :mod:`mpifc.circuit.learnspn` owns all bookkeeping.
 """
 from __future__ import annotations
 
-import threading
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from mpifc.circuit.kmeans import ClusteringWarning, kmeans_labels
 from mpifc.circuit.rdc import RDC_K, gtest_dependent, rdc_matrix
+
+__all__ = ["ClusteringWarning", "clustering_features", "dependency_components", "kmeans_labels",
+           "single_native_thread", "split_columns_gtest", "split_columns_rdc", "split_rows"]
 
 
 _CLOSURE_MAX_D = 64
@@ -118,8 +121,8 @@ def clustering_features(data: np.ndarray, categorical: Sequence[bool], cards: Se
     return np.hstack(parts)
 
 
-# scikit-learn and threadpoolctl are imported where rows are clustered, not with this module: a
-# LearnSPN fit that never splits rows (and a rank that only loads models) does without them.
+# threadpoolctl is imported where native pools are limited, not with this module: a rank that
+# only loads models does without it.
 _CONTROLLER: list[Any] = []
 
 
@@ -129,6 +132,11 @@ def _thread_pools() -> Any:
     if not _CONTROLLER:
         from threadpoolctl import ThreadpoolController
 
+        # SciPy's BLAS (k-means' distance products) is loaded first, so that the limit covers
+        # it too: a pool loaded after discovery would keep its threads.
+        from mpifc.circuit.kmeans import blas_gemm
+
+        blas_gemm()
         _CONTROLLER.append(ThreadpoolController())
     return _CONTROLLER[0]
 
@@ -155,112 +163,6 @@ def single_native_thread() -> Iterator[None]:
             _SINGLE_THREAD_DEPTH[0] -= 1
 
 
-_KMEANS_TOL = 1e-4
-"""scikit-learn's default ``KMeans(tol=...)``, scaled by the data's mean variance."""
-
-_KMEANS_MAX_ITER = 300
-"""scikit-learn's default ``KMeans(max_iter=...)``."""
-
-_KMEANS_ROUTINES: list = []
-
-
-def _kmeans_routines() -> tuple | None:
-    """scikit-learn's private k-means routines that :meth:`KMeans.fit` runs, imported once;
-    ``None`` if this scikit-learn lays them out differently (then :func:`kmeans_labels` uses
-    the estimator)."""
-    if not _KMEANS_ROUTINES:
-        try:
-            from sklearn.cluster._kmeans import (_is_same_clustering, _kmeans_plusplus,
-                                                 _kmeans_single_lloyd, _tolerance)
-            from sklearn.utils._openmp_helpers import _openmp_effective_n_threads
-            from sklearn.utils.extmath import row_norms
-
-            routines = (_tolerance, _openmp_effective_n_threads, row_norms, _kmeans_plusplus,
-                        _kmeans_single_lloyd, _kmeans_single_lloyd.__wrapped__, _is_same_clustering)
-        except (ImportError, AttributeError):
-            routines = None
-        _KMEANS_ROUTINES.append(routines)
-    return _KMEANS_ROUTINES[0]
-
-
-_RANDOM_STATES = threading.local()
-
-
-def _seeded_random_state(seed: int) -> np.random.RandomState:
-    """This thread's reused ``RandomState``, re-seeded: the same state (and draws) as a fresh
-    ``RandomState(seed)``, which is what ``KMeans(random_state=seed)`` builds. A fresh one first
-    seeds its ``MT19937`` from OS entropy and then overwrites that with the legacy seeding
-    (~0.45 ms, a tenth of a small slice's clustering); ``RandomState.seed`` only does the latter
-    (MT19937 init + cleared Gaussian cache)."""
-    state = getattr(_RANDOM_STATES, "state", None)
-    if state is None:
-        state = _RANDOM_STATES.state = np.random.RandomState(0)
-    state.seed(seed)
-    return state
-
-
-def _all_finite(x: np.ndarray) -> bool:
-    """Whether a float array has no NaN/inf: its sum is finite (an overflowing sum of finite
-    values only sends it to the slow path)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(x.sum()))
-
-
-def kmeans_labels(x: np.ndarray, n_clusters: int, n_init: int, seed: int) -> np.ndarray:
-    """``KMeans(n_clusters, n_init=n_init, random_state=seed).fit_predict(x)``, same labels
-    (``(n,)`` int32, bit for bit), without the estimator's per-call overheads.
-
-    LearnSPN clusters once per row split, mostly small slices, where the estimator's input
-    validation, parameter checks and per-restart thread-pool limit cost as much as the
-    clustering. This runs scikit-learn's own routines in :meth:`KMeans.fit`'s order with its
-    arguments: a C-ordered copy, the tolerance from the uncentred copy, ``RandomState(seed)``,
-    unit weights, centring, squared row norms, then per restart k-means++ and Lloyd, keeping
-    the first run unless a later one has lower inertia and a different partition. Inside
-    :func:`single_native_thread` (native pools already at one thread) Lloyd runs without its
-    own BLAS limit, which is then a no-op. Anything else -- not a finite float64 matrix with
-    at least ``n_clusters`` rows, a non-integer seed, or another scikit-learn layout -- goes to
-    the estimator, which also raises its usual errors. The seeded ``RandomState`` is reused
-    (:func:`_seeded_random_state`). ``tests/circuit/test_splitting_fast_paths.py`` checks the
-    labels against the estimator (it guards a scikit-learn upgrade).
-    """
-    from sklearn.cluster import KMeans
-    from sklearn.exceptions import ConvergenceWarning
-
-    routines = _kmeans_routines()
-    if (routines is None or type(x) is not np.ndarray or x.dtype != np.float64 or x.ndim != 2
-            or not isinstance(seed, (int, np.integer)) or not isinstance(n_clusters, (int, np.integer))
-            or not isinstance(n_init, (int, np.integer)) or n_clusters < 1 or n_init < 1
-            or x.shape[1] < 1 or x.shape[0] < n_clusters or not _all_finite(x)):
-        return KMeans(n_clusters=n_clusters, n_init=n_init, random_state=seed).fit_predict(x)
-    tolerance, n_threads_of, row_norms, plusplus, lloyd_limited, lloyd_bare, same_clustering = routines
-    k = int(n_clusters)
-    data = np.array(x, dtype=np.float64, order="C", copy=True)
-    tol = tolerance(data, _KMEANS_TOL)
-    random_state = _seeded_random_state(seed)
-    weights = np.ones(data.shape[0], dtype=np.float64)
-    n_threads = n_threads_of()
-    data -= data.mean(axis=0)
-    squared_norms = row_norms(data, squared=True)
-    lloyd = lloyd_bare if _SINGLE_THREAD_DEPTH[0] else lloyd_limited
-    best_labels, best_inertia = None, None
-    for _ in range(int(n_init)):
-        centres, _ = plusplus(data, k, random_state=random_state, x_squared_norms=squared_norms,
-                              sample_weight=weights)
-        labels, inertia, _, _ = lloyd(data, weights, centres, max_iter=_KMEANS_MAX_ITER,
-                                      verbose=False, tol=tol, n_threads=n_threads)
-        if best_inertia is None or (inertia < best_inertia and not same_clustering(labels, best_labels, k)):
-            best_labels, best_inertia = labels, inertia
-    distinct = int(np.count_nonzero(np.bincount(best_labels, minlength=k)))
-    if distinct < k:  # the estimator's warning, word for word
-        warnings.warn(
-            f"Number of distinct clusters ({distinct}) found smaller than n_clusters ({k}). "
-            "Possibly due to duplicate points in X.",
-            ConvergenceWarning,
-            stacklevel=2,
-        )
-    return best_labels
-
-
 def split_rows(
     features: np.ndarray,
     method: str,
@@ -273,7 +175,8 @@ def split_rows(
 
     Args:
         features: ``(n, f)`` rows to cluster.
-        method: ``"kmeans"`` (scikit-learn k-means) or ``"gmm"`` (diagonal Gaussian mixture).
+        method: ``"kmeans"`` (:func:`mpifc.circuit.kmeans.kmeans_labels`, scikit-learn's k-means
+            in numpy) or ``"gmm"`` (scikit-learn's diagonal Gaussian mixture).
         n_clusters: requested number of clusters.
         seed: random state of the clustering.
         n_init: restarts; the best (lowest inertia / highest likelihood) is kept.
@@ -285,27 +188,34 @@ def split_rows(
     n = features.shape[0]
     if n < 2 or n_clusters < 2 or bool(np.all(features == features[0])):
         return np.zeros(n, dtype=np.int64)
-    # With fewer distinct rows than clusters scikit-learn warns and returns duplicate centres.
+    # With fewer distinct rows than clusters k-means warns and returns duplicate centres.
     k = n_clusters if n > 4 * n_clusters else min(n_clusters, len(np.unique(features, axis=0)))
-    from sklearn import config_context
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.mixture import GaussianMixture
-
     # One thread: on small slices OpenMP start-up and oversubscription cost more than Lloyd's
     # iterations themselves (measured ~15x slower with the default pool on a busy 2-core box).
-    # Parameters are checked above (scikit-learn's own validation costs ~1 ms per call, and
-    # LearnSPN clusters once per split).
-    with single_native_thread(), warnings.catch_warnings(), config_context(skip_parameter_validation=True):
-        # Fewer distinct rows than clusters (duplicates in binary data): scikit-learn warns and
+    with single_native_thread(), warnings.catch_warnings():
+        # Fewer distinct rows than clusters (duplicates in binary data): k-means warns and
         # returns empty clusters, which the relabelling below drops.
-        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", ClusteringWarning)
         if method == "kmeans":
             labels = kmeans_labels(features, k, n_init, seed)
         else:
-            gmm = GaussianMixture(n_components=k, covariance_type="diag", n_init=n_init,
-                                  random_state=seed, reg_covar=1e-6)
-            labels = gmm.fit(features).predict(features)
+            labels = _gmm_labels(features, k, n_init, seed)
     # Relabel by first appearance so that empty clusters vanish and labels are canonical.
     _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
     order = np.argsort(np.argsort(first))
     return order[inverse].astype(np.int64)
+
+
+def _gmm_labels(features: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
+    """Labels of scikit-learn's diagonal ``GaussianMixture`` (imported here: only this row
+    split needs scikit-learn). Parameters are checked by :func:`split_rows` (scikit-learn's own
+    validation costs ~1 ms per call, and LearnSPN clusters once per split)."""
+    from sklearn import config_context
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.mixture import GaussianMixture
+
+    with warnings.catch_warnings(), config_context(skip_parameter_validation=True):
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gmm = GaussianMixture(n_components=k, covariance_type="diag", n_init=n_init,
+                              random_state=seed, reg_covar=1e-6)
+        return gmm.fit(features).predict(features)

@@ -206,8 +206,8 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     k = min(k, n)
     if k <= 1:
         return np.zeros(n, dtype=np.int64)
-    # KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z), same labels, without the
-    # estimator's per-call overheads (imported here: scikit-learn is only loaded when clustering).
+    # KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z), same labels, in numpy
+    # (mpifc.circuit.kmeans; imported here: only ranks that cluster load it).
     # With native pools at one thread, as LearnSPN's own k-means: Lloyd's partial sums depend on
     # the OpenMP thread count, so the labels (and the model) would otherwise depend on the
     # machine's cores in near-ties; the same seed gives the same clusters everywhere.
@@ -217,7 +217,7 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
     with single_native_thread():
         labels = kmeans_labels(z, k, 3, seed)
-    # Relabel by first appearance so ids are compact and independent of sklearn's numbering.
+    # Relabel by first appearance so ids are compact and independent of k-means' numbering.
     _, first = np.unique(labels, return_index=True)
     order = np.argsort(first)
     remap = np.empty(labels.max() + 1, dtype=np.int64)

@@ -1,10 +1,9 @@
 """Per-split fixed costs of :mod:`mpifc.circuit.splitting`, trimmed without changing a bit.
 
-* ``kmeans_labels`` runs scikit-learn's own k-means routines without the estimator's per-call
-  overheads; its labels must be exactly ``KMeans(...).fit_predict``'s. This guards a scikit-learn
-  upgrade: the direct path calls private routines in the order ``KMeans.fit`` does, so a change of
-  that order, of a default, or of a routine's signature shows up here as a label mismatch (or as
-  the fallback to the estimator, which a test pins).
+* ``kmeans_labels`` (numpy k-means, :mod:`mpifc.circuit.kmeans`) must give exactly
+  ``KMeans(...).fit_predict``'s labels, as LearnSPN calls it and as a bare call. This guards a
+  scikit-learn upgrade as well: a change of the estimator's order of operations or of a default
+  shows up here as a label mismatch (``tests/circuit/test_kmeans.py`` has more cases).
 * ``dependency_components`` (transitive closure for small ``d``) must give the breadth-first
   search's groups, members and order.
 """
@@ -19,7 +18,7 @@ from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
 from mpifc.circuit import splitting
-from mpifc.circuit.splitting import kmeans_labels, single_native_thread
+from mpifc.circuit.splitting import ClusteringWarning, kmeans_labels, single_native_thread
 
 
 def _problem(rng: np.random.Generator, t: int) -> tuple[np.ndarray, int]:
@@ -55,13 +54,13 @@ def _estimator(x: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
 
 
 def test_direct_kmeans_labels_equal_the_estimators_on_random_problems() -> None:
-    assert splitting._kmeans_routines() is not None, "scikit-learn's private k-means routines moved"
     rng = np.random.default_rng(11)
     for t in range(120):
         x, k = _problem(rng, t)
         seed, n_init = int(rng.integers(0, 2**31 - 1)), int(rng.choice([1, 3, 4]))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
+            warnings.simplefilter("ignore", ClusteringWarning)
             if t % 2:  # as LearnSPN calls it (native pools already at one thread) ...
                 with single_native_thread():
                     want = _estimator(x, k, n_init, seed)
@@ -79,42 +78,29 @@ def test_direct_kmeans_labels_equal_the_estimators_on_random_problems() -> None:
 def test_direct_kmeans_warns_like_the_estimator_on_duplicates() -> None:
     x = np.repeat(np.array([[0.0, 1.0], [2.0, 3.0]]), 5, axis=0)  # two distinct rows, k = 3
     message = r"Number of distinct clusters \(2\) found smaller than n_clusters \(3\)"
-    with pytest.warns(ConvergenceWarning, match=message):
+    with pytest.warns(ClusteringWarning, match=message):
         got = kmeans_labels(x, 3, 3, 0)
-    with pytest.warns(ConvergenceWarning):
+    with pytest.warns(ConvergenceWarning, match=message):
         want = _estimator(x, 3, 3, 0)
     assert np.array_equal(got, want)
 
 
-def test_direct_kmeans_falls_back_to_the_estimator(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_direct_kmeans_falls_back_to_the_estimator_and_raises_its_errors() -> None:
     rng = np.random.default_rng(2)
     x = rng.normal(size=(60, 3))
-    # Input the direct path does not take goes to the estimator: same labels, same errors.
-    for arg in (x.astype(np.float32), np.round(x * 3).astype(np.int64)):
+    # Integer and boolean data are converted to float64 (as the estimator does); float32 data,
+    # whose arithmetic the estimator keeps in float32, goes to the estimator itself.
+    for arg in (x.astype(np.float32), np.round(x * 3).astype(np.int64), x > 0.2):
         assert np.array_equal(kmeans_labels(arg, 2, 3, 5), _estimator(arg, 2, 3, 5))
     bad = x.copy()
     bad[4, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         kmeans_labels(bad, 2, 3, 0)
+    bad[4, 1] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        kmeans_labels(bad, 2, 3, 0)
     with pytest.raises(ValueError, match="n_samples=2 should be >= n_clusters=3"):
         kmeans_labels(x[:2], 3, 3, 0)
-    # Another scikit-learn layout (private routines missing): the estimator, same labels.
-    monkeypatch.setattr(splitting, "_KMEANS_ROUTINES", [None])
-    assert np.array_equal(kmeans_labels(x, 3, 3, 7), _estimator(x, 3, 3, 7))
-    monkeypatch.setattr(splitting, "_KMEANS_ROUTINES", [])
-
-    def missing(name: str, *args: object, **kwargs: object) -> object:
-        if name == "sklearn.cluster._kmeans":
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    import builtins
-
-    real_import = builtins.__import__
-    monkeypatch.setattr(builtins, "__import__", missing)
-    assert splitting._kmeans_routines() is None
-    monkeypatch.setattr(builtins, "__import__", real_import)
-    assert np.array_equal(kmeans_labels(x, 2, 3, 1), _estimator(x, 2, 3, 1))
 
 
 def test_dependency_components_closure_equals_breadth_first_search() -> None:
