@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from mpifc.circuit.io import register_model
+from mpifc.federated import cart
 
 if TYPE_CHECKING:
     import torch
@@ -44,19 +45,33 @@ class TreeClassifier:
     @classmethod
     def fit(cls, x: np.ndarray, target_index: int, n_classes: int, seed: int, max_depth: int | None = 8,
             min_samples_leaf: int = 5) -> "TreeClassifier":
-        from sklearn.tree import DecisionTreeClassifier
-
+        """CART tree of column ``target_index`` on the other columns of ``x`` ``(n, d)``: the tree
+        of scikit-learn's ``DecisionTreeClassifier(max_depth, min_samples_leaf,
+        random_state=seed)``, built by :func:`mpifc.federated.cart.fit_tree` (no scikit-learn
+        import), or by the estimator itself for data that function does not take (missing or
+        infinite values, which the estimator routes or refuses)."""
         feats = [j for j in range(x.shape[1]) if j != target_index]
         y = x[:, target_index].astype(np.int64)
-        clf = DecisionTreeClassifier(max_depth=max_depth, min_samples_leaf=min_samples_leaf, random_state=seed)
-        clf.fit(x[:, feats], y)
-        t = clf.tree_
-        value = t.value[:, 0, :]
-        probs = np.zeros((t.node_count, n_classes))
-        probs[:, clf.classes_.astype(np.int64)] = value / np.maximum(value.sum(1, keepdims=True), 1e-300)
+        xs = x[:, feats]
+        plain = (isinstance(seed, (int, np.integer)) and isinstance(min_samples_leaf, (int, np.integer))
+                 and min_samples_leaf >= 1 and (max_depth is None or isinstance(max_depth, (int, np.integer))))
+        if plain and cart.supported(xs):
+            tree = cart.fit_tree(xs, y, max_depth, int(min_samples_leaf), int(seed))
+            left, right, feature, threshold = tree.children_left, tree.children_right, tree.feature, tree.threshold
+            value, classes = tree.value, tree.classes
+        else:
+            from sklearn.tree import DecisionTreeClassifier
+
+            clf = DecisionTreeClassifier(max_depth=max_depth, min_samples_leaf=min_samples_leaf, random_state=seed)
+            clf.fit(xs, y)
+            t = clf.tree_
+            left, right, feature, threshold = t.children_left, t.children_right, t.feature, t.threshold
+            value, classes = t.value[:, 0, :], clf.classes_
+        probs = np.zeros((value.shape[0], n_classes))
+        probs[:, classes.astype(np.int64)] = value / np.maximum(value.sum(1, keepdims=True), 1e-300)
         probs = np.maximum(probs, PROB_FLOOR)
         probs /= probs.sum(1, keepdims=True)
-        return cls(x.shape[1], target_index, t.children_left, t.children_right, t.feature, t.threshold, probs)
+        return cls(x.shape[1], target_index, left, right, feature, threshold, probs)
 
     def class_probs(self, x: np.ndarray) -> np.ndarray:
         """``p(y = c | x)`` ``(n, k)``; NaN features follow the branch with more training mass
