@@ -107,20 +107,20 @@ def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] |
 # What each learner's fit imports (LearnSPN, factorized and DT models are fitted, sent and
 # evaluated without torch: mpifc.circuit.numpy_eval).
 _LEARNER_MODULES = {"learnspn": ("mpifc.circuit.learnspn",), "ratspn": ("torch", "mpifc.circuit.ratspn"),
-                    "einet": ("torch", "mpifc.circuit.einet"), "dt": ("sklearn.tree",), "factorized": ()}
+                    "einet": ("torch", "mpifc.circuit.einet"), "dt": ("mpifc.federated.cart",), "factorized": ()}
 
 
 def warm_up(learners: set[str], cluster: bool = True, fit: bool = False) -> None:
     """Import the heavy modules this rank will use before any timer starts: import time is not
     training time. Modules the rank does not need are not imported at all (each costs seconds
-    of start-up): ``cluster`` (k-means, sklearn) only where rows are clustered, torch only for
+    of start-up): ``cluster`` (k-means) only where rows are clustered, torch only for
     learners built on it. ``fit``: also :func:`warm_up_fit` (client ranks, which fit).
     """
     import importlib
 
     import mpifc.federated.factorized  # noqa: F401
 
-    mods = ["sklearn.cluster", "mpifc.circuit.splitting"] if cluster else []
+    mods = ["mpifc.circuit.kmeans", "mpifc.circuit.splitting"] if cluster else []
     for name in sorted(learners):
         # An unknown (e.g. third-party registered) learner: import everything, as before.
         mods += _LEARNER_MODULES.get(name, ("sklearn.cluster", "torch"))
@@ -141,8 +141,9 @@ _WARM_DISCRETE = {"learnspn": ({"col_split": "gtest", "gtest_pvalue": 0.05, "min
 
 def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
     """Fit each learner once on a tiny synthetic table (no client data): the first LearnSPN
-    call in a process pays one-off costs (thread-pool introspection, scikit-learn and SciPy
-    first-call set-up, lazily imported submodules) of ~0.1 s that do not depend on the data.
+    call in a process pays one-off costs (thread-pool introspection, loading the BLAS routine
+    of k-means, first-call set-up, lazily imported submodules) of ~0.1 s that do not depend on
+    the data.
     Every leaf family LearnSPN offers is fitted once (the first piecewise or histogram fit has
     set-up of its own), the fitted model is serialized once (as a client's models are), and with
     ``cluster`` one tiny k-means of Algorithm 1's clustering runs (its first call scans the

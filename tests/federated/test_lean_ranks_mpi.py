@@ -4,8 +4,9 @@ Real ``mpiexec`` jobs on breast cancer (3 horizontal clients) with ``MPIFC_MODUL
 (:func:`mpifc.runtime.job.write_module_report`): every rank writes the top-level modules it
 loaded. Training with LearnSPN, factorized and DT clients, ``mpifc evaluate`` (gathered and
 ``--distributed``) and ``mpifc query --distributed`` (ll, predict, marginal) load no torch on any
-rank; the server and the clients that cluster no rows load no scikit-learn; warm-up fits run only
-with ``--warm-up`` (and then change nothing in the model). No timings are asserted here (see
+rank; no rank of a training job loads scikit-learn or pandas (LearnSPN's k-means and FC[DT]'s
+trees are numpy), and LearnSPN's RDC splits need no SciPy either; warm-up fits run only with
+``--warm-up`` (and then change nothing in the model). No timings are asserted here (see
 ``launch/bench/startup.py``).
 """
 from __future__ import annotations
@@ -44,6 +45,12 @@ def _no_torch(reports: dict[int, dict]) -> None:
         assert rep["peak_rss_mb"] > 0
 
 
+def _no_scikit_learn(reports: dict[int, dict]) -> None:
+    for rank, rep in reports.items():
+        for name in ("sklearn", "pandas"):
+            assert name not in rep["modules"], f"rank {rank} ({rep['role']}, {rep['notes']}) imported {name}"
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     d = tmp_path_factory.mktemp("lean") / "bc"
@@ -66,11 +73,13 @@ def learnspn_model(shards, tmp_path_factory):
 def test_learnspn_train_loads_no_torch_and_no_warm_up(learnspn_model):
     _, reports, _ = learnspn_model
     _no_torch(reports)
+    _no_scikit_learn(reports)
     server, clients = reports[0], [reports[r] for r in (1, 2, 3)]
-    assert server["role"] == "server" and "sklearn" not in server["modules"]
+    assert server["role"] == "server"
     assert not server["notes"]["warm_up"]
     for c in clients:
         assert c["role"] == "client" and c["notes"] == {"learners": ["learnspn"], "warm_up": False}
+        assert "scipy" not in c["modules"]  # RDC splits and k-means: numpy and SciPy's BLAS only
 
 
 def test_warm_up_only_when_asked_and_same_model(learnspn_model, shards):
@@ -134,10 +143,8 @@ def test_factorized_and_dt_train_load_no_torch(shards, tmp_path, learner):
     reports = _job(4, ["train", str(shards), "--seed", "0", "--learner", learner, "--clusters", "1",
                        "--model", str(model), "--quiet"], tmp_path / "train")
     _no_torch(reports)
-    assert "sklearn" not in reports[0]["modules"]
+    _no_scikit_learn(reports)
     for r in (1, 2, 3):
         assert reports[r]["notes"]["learners"] == [learner]
-        if learner == "factorized":  # one PC per client, no rows clustered: no scikit-learn
-            assert "sklearn" not in reports[r]["modules"]
     ev = _job(4, ["evaluate", str(shards), "--model", str(model), "--distributed", "--quiet"], tmp_path / "ev")
     _no_torch(ev)
