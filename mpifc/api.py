@@ -214,9 +214,24 @@ def load(path: str | os.PathLike) -> FederatedModel:
     return FederatedModel(fc, path=str(path))
 
 
+def _simulate_em(fc: Any, datas: list[Any], setting: str, iters: int) -> None:
+    """``--refine em`` in one process: exact EM on the clients' aligned rows (vertical), or on
+    the pooled statistics of their rows (horizontal, hybrid), as the MPI job computes it."""
+    from mpifc.federated.em import check_em_supported, em_step, pooled_em_step
+
+    check_em_supported(fc)
+    shards = [{f: d.shard.x_train[:, j] for j, f in enumerate(d.shard.features)} for d in datas]
+    for _ in range(iters):
+        if setting == "vertical":
+            em_step(fc, {f: v for cols in shards for f, v in cols.items()})
+        else:
+            pooled_em_step(fc, shards)
+
+
 def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str | None = None,
              clusters: int | None = None, preset: str = "adaptive", products: int = 4, seed: int = 0, hyperparameters: Mapping[str, Any] | None = None,
              client_learners: Mapping[int, str] | None = None, assign: str = "flat", servers: int = 0,
+             refine: str | None = None, em_iters: int | None = None,
              model: str | os.PathLike | None = None) -> FederatedModel:
     """One-pass FedPC training in this process, as ``mpifc train`` does it over MPI.
 
@@ -227,8 +242,11 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     Args:
         shards: a shard folder written by ``python -m data_prep``.
         learner, glue, clusters, preset, products, seed, hyperparameters, client_learners, assign,
-            servers: as the flags of ``mpifc train`` (``hyperparameters`` = ``--hp``, checked;
-            ``glue`` and ``clusters`` None: the preset's, as when the flags are not given).
+            servers, refine, em_iters: as the flags of ``mpifc train`` (``hyperparameters`` =
+            ``--hp``, checked; ``glue``, ``clusters``, ``refine`` and ``em_iters`` None: the
+            preset's, as when the flags are not given). ``refine="em"`` runs the same exact EM
+            in this process (vertical: on the clients' aligned rows; otherwise on pooled
+            statistics).
         model: also write the model file here (atomically).
     """
     from data_prep.shards import load_manifest
@@ -238,6 +256,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     from mpifc.federated.one_pass import insert_models
     from mpifc.federated.serialize import save_fc
     from mpifc.fedpc.data import read_client_data
+    from mpifc.fedpc.job import resolve_glue_and_refine
     from mpifc.fedpc.train import builder_from_config, client_plan, fit_client, model_codec
 
     from mpifc.federated.defaults import PRESETS
@@ -258,10 +277,16 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     hp = check_hyperparameters(hp, [learner, *learners.values()], flag="hyperparameters")
     if assign == "tree" and servers < 1:
         raise UserError("assign='tree' needs servers >= 1")
-    cfg = {"clusters": clusters, "products": products, "glue": glue or "random", "seed": seed, "learner": learner,
-           "client_learners": learners, "hyperparameters": hp,
+    if refine not in (None, "none", "em"):
+        raise UserError(f"refine={refine!r}: expected 'none' or 'em'")
+    if em_iters is not None and int(em_iters) < 1:
+        raise UserError(f"em_iters must be >= 1, got {em_iters}")
+    cfg = {"clusters": clusters, "products": products, "glue": glue if glue or preset == "adaptive" else "random", "seed": seed, "learner": learner,
+           "client_learners": learners, "hyperparameters": hp, "assign": assign,
+           "refine": refine if refine is not None or preset == "adaptive" else "none", "em_iters": em_iters,
            "defaults": "adaptive" if preset == "adaptive" else "learner"}
     m = load_manifest(shards)
+    resolve_glue_and_refine(cfg, m)
     datas = [read_client_data(shards, c) for c in range(m.n_clients)]
     builder = builder_from_config(cfg)
     plan = builder.plan([d.declaration for d in datas], m.feature_order, m.target, m.setting)
@@ -272,6 +297,8 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     assign_psi(fc, assign, n_servers)
     insert_models(fc, {(r.client, leaf.subspace, leaf.cluster): leaf.model for r in reports for leaf in r.leaves})
     fc.validate(require_models=True)
+    if cfg["refine"] == "em":
+        _simulate_em(fc, datas, m.setting, int(cfg["em_iters"]))
     record_hyperparameters(fc, plan)
     fc.meta.update(codec=model_codec(m), simulated=True, preset=preset)
     if model is not None:

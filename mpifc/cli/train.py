@@ -58,10 +58,13 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--assign", default="flat", choices=ASSIGN_STRATEGIES, help="ψ strategy")
     p.add_argument("--servers", type=int, default=0, help="intermediate server ranks for --assign tree")
-    p.add_argument("--refine", default="none", choices=("none", "em"),
+    p.add_argument("--refine", default=None, choices=("none", "em"),
                    help="em: exact distributed EM after one-pass training (vertical: per-sample flows, "
-                        "--assign flat; horizontal/hybrid: pooled E-step statistics)")
-    p.add_argument("--em-iters", type=int, default=5, help="EM iterations for --refine em (>= 1)")
+                        "--assign flat; horizontal/hybrid: pooled E-step statistics); default: em with "
+                        "10 iterations where the adaptive class glue joins vertical clients (see below), "
+                        "else none")
+    p.add_argument("--em-iters", type=int, default=None,
+                   help="EM iterations for --refine em (>= 1; default 5, or 10 under the class glue's EM)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
@@ -142,13 +145,14 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
     hp = check_hyperparameters(hp, [args.learner, *learners.values()])
     if args.assign == "tree" and args.servers < 1:
         raise UserError("--assign tree needs --servers S with S >= 1")
-    if args.em_iters < 1:
+    if args.em_iters is not None and args.em_iters < 1:
         raise UserError(f"--em-iters must be >= 1, got {args.em_iters}")
-    return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": glue or "random",
+    refine = args.refine if args.refine is not None or preset == "adaptive" else "none"
+    return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": glue if glue or preset == "adaptive" else "random",
             "clusters": clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
             "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
-            "refine": args.refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
+            "refine": refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
             "exclusive_timing": bool(args.exclusive_timing),
             "warm_up": bool(args.warm_up or args.exclusive_timing)}
 

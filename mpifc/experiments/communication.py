@@ -115,9 +115,9 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
                       Cell(ds, "vertical", n_v, "fedpc", seed), Cell(ds, "vertical", n_v, "splitnn", seed)]
 
     def work(cell: Cell) -> dict[str, Any]:
-        # The same runs as table7's (same shards, hyperparameters and budgets): with a shared
-        # shard cache they are reused, not rerun. Exception: table7's vertical FC[PC] takes its
-        # glue from paper.T7_GLUE (chosen on validation rows), this study keeps Table 4's glue.
+        # The baselines are the same runs as table7's (same shards and budgets): with a shared
+        # shard cache they are reused, not rerun. FedPC is not: table7's FC[PC] runs mpifc
+        # train's adaptive defaults, this study keeps Table 4's fixed settings and glue.
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows))
         if cell.method == "fedpc":
             thr, mis, glue = TABLE4[cell.setting].get(cell.dataset, (0.4, 100, "combinatorial"))

@@ -161,12 +161,20 @@ def peak_rss(folder: Path) -> dict[str, float]:
 
 def fc_train_args(shards: Path, *, learner: str = "learnspn", glue: str = "random", clusters: int = 2,
                   products: int = 4, seed: int = 0, hp: dict[str, Any] | None = None, assign: str = "flat",
-                  servers: int = 0, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+                  servers: int = 0, extra: Sequence[str] = (), preset: str = "learner") -> tuple[list[str], int]:
     """``mpifc train`` arguments (output files left out) and the number of ranks they need.
 
     ``hp`` holds LearnSPN's ``threshold`` / ``min_instances_slice`` and any other learner
     hyperparameter (passed as ``--hp KEY=VALUE``); keys ending in ``_paper`` are provenance only.
+    ``preset="adaptive"``: the command a user runs, no setting but the learner and the seed
+    (``glue``, ``clusters``, ``products`` and ``hp`` are not passed: the adaptive rule fills them).
     """
+    if preset == "adaptive":
+        args = ["train", str(shards), "--learner", learner, "--seed", str(seed), "--json", "--assign", assign,
+                *extra]
+        if assign == "tree":
+            args += ["--servers", str(servers)]
+        return args, 1 + (servers if assign == "tree" else 0) + n_clients(shards)
     # Experiments state every setting they use: the learners' own defaults fill the rest, never
     # the adaptive rule (mpifc.federated.defaults), so a reproduction does not move with it.
     args = ["train", str(shards), "--learner", learner, "--glue", glue, "--clusters", str(clusters),

@@ -2,12 +2,10 @@
 
 Methods per (dataset, setting, clients, seed):
 
-* ``fc-pc``: FedPC with LearnSPN leaves (Table 4 hyperparameters), classifying by arg-max of
-  ``log p(x, y = c)``; vertical cells use the cooccurrence glue where
-  :data:`mpifc.experiments.paper.T7_GLUE` says (a deviation from Table 4, chosen on validation
-  rows), and where :data:`mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET` says the label
-  owner clusters its rows without the target; ``fc-dt``: FC[DT], one tree per client averaged at
-  the root. FC[DT] needs
+* ``fc-pc``: FedPC with LearnSPN leaves, trained as ``mpifc train`` trains it with no flag but
+  the seed (the adaptive defaults, :mod:`mpifc.federated.defaults`: per-PC LearnSPN settings from
+  its rows, the class glue, and on vertical data exact EM), classifying by arg-max of
+  ``log p(x, y = c)``; ``fc-dt``: FC[DT], one tree per client averaged at the root. FC[DT] needs
   the label on every client, so its vertical shards give every client the target column (the
   paper does not say how it labelled vertical trees; this is recorded in the table);
 * ``fedavg`` (horizontal) and ``splitnn`` (vertical): MLPs on mpifc's runtime. TabNet is not
@@ -27,8 +25,8 @@ from typing import Any, Sequence
 
 from mpifc.experiments import paper, registry
 from mpifc.experiments.paper import is_image_set
-from mpifc.experiments.jobs import (ShardCache, ShardSpec, capped_hp, central_hgb, evaluate_fc, run_fedavg,
-                                    run_splitnn, train_fc_cached)
+from mpifc.experiments.jobs import (ShardCache, ShardSpec, central_hgb, evaluate_fc, run_fedavg, run_splitnn,
+                                    train_fc_cached)
 from mpifc.experiments.launcher import Launcher
 from mpifc.experiments.report import fmt, markdown_table, paper_fmt, provenance, short_error
 from mpifc.experiments.store import OK, Cell, ResultStore, aggregate, run_cells, save_figure, write_csv, \
@@ -59,107 +57,52 @@ def tabnet_note() -> str:
             f"install cleanly (here: {found})")
 
 
-def leaves_note(datasets: Sequence[str]) -> str:
-    """FC[PC]'s leaves per dataset (:data:`mpifc.experiments.paper.T7_LEAVES`) and how they were chosen."""
-    def name(hp: dict[str, Any]) -> str:
-        if not hp:
-            return "learn_spn's default (Gaussian for real columns, min_var 1e-4; Bernoulli for the label)"
-        return ", ".join(f"{k}={v}" for k, v in hp.items())
-
-    per = "; ".join(f"{paper.PAPER_NAMES.get(d, d)}: {name(paper.T7_LEAVES.get(d, {}))}" for d in datasets)
-    return (f"{per}. Chosen per dataset on validation rows only (a quarter of each client's training rows, "
-            f"horizontal 5-client shards, seeds 0-1; best mean macro F1, the default kept unless another "
-            f"leaf wins by more than one validation row); the same for every setting and seed. Why: "
-            f"mpifc.experiments.paper.T7_LEAVES")
-
-
 def label_owner(cell: Cell) -> int | str | None:
     """The cell's ``label_owner`` shard option (None: the partition's default).
 
-    FC[DT] needs the label on every client (vertical: ``"all"``); FC[PC]'s hybrid shards put it
-    where :data:`mpifc.experiments.paper.T7_HYBRID_LABEL_OWNER` says.
+    FC[DT] needs the label on every client (vertical: ``"all"``); FC[PC] takes the shards as
+    ``data_prep`` writes them (vertical: one label owner; hybrid: the label in every client's
+    shared block).
     """
     if cell.method == "fc-dt" and cell.setting == "vertical":
         return "all"
-    if cell.method == "fc-pc" and cell.setting == "hybrid":
-        return paper.T7_HYBRID_LABEL_OWNER.get(cell.dataset)
     return None
 
 
-def hybrid_label_note(datasets: Sequence[str]) -> str:
-    """Who holds the label in FC[PC]'s hybrid shards, per dataset, and why (recorded in the markdown)."""
-    def who(owner: int | str | None) -> str:
-        return "every client (default)" if owner in (None, "all") else f"client {owner} only"
-
-    per = "; ".join(f"{paper.PAPER_NAMES.get(d, d)}: {who(paper.T7_HYBRID_LABEL_OWNER.get(d))}" for d in datasets)
-    return (f"{per}. With the combinatorial glue p(y | x) only sees the label's subspace: held by every "
-            f"client the label sits in the shared block (a quarter of the features); held by client 0 (as in "
-            f"FC[PC]'s vertical shards) it sits with client 0's private features. Chosen on validation rows "
-            f"only; FC[DT] keeps the label on every client. Why: mpifc.experiments.paper.T7_HYBRID_LABEL_OWNER")
-
-
-def glue_note(datasets: Sequence[str]) -> str:
-    """FC[PC]'s glue and K per setting and dataset (:data:`mpifc.experiments.paper.T7_GLUE`), and why."""
-    per = []
-    for st in ("vertical", "hybrid"):
-        per.append(f"{st}: " + ", ".join(f"{paper.PAPER_NAMES.get(d, d)} {g} K={k}"
-                                        for d in datasets for g, k in [paper.classifier_glue(st, d)]))
-    return (f"{'; '.join(per)}; horizontal: one mixture over the clients (no glue). Table 4 gives "
-            f"combinatorial (product weights = products of per-client cluster fractions: independent "
-            f"per-client mixtures, so p(y | x) sees only the label owner's features); the vertical cells "
-            f"deviate to the opt-in cooccurrence glue, which reveals to the server one K-ary cluster id per "
-            f"aligned sample id and client (never feature values) and weighs each observed combination by its "
-            f"joint frequency. Chosen per dataset on validation rows only (vertical 2/3-client shards, seeds "
-            f"0-1, a quarter of the training rows; best mean macro F1, the default kept unless another wins by "
-            f"more than one validation row). Hybrid shards split the rows (no aligned ids), so hybrid keeps "
-            f"combinatorial. Why: mpifc.experiments.paper.T7_GLUE")
-
-
-def cluster_note(datasets: Sequence[str]) -> str:
-    """Which FC[PC] cells cluster the label owner's rows without the target
-    (:data:`mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET`), and why (recorded in the markdown)."""
-    on = [f"{st} {paper.PAPER_NAMES.get(d, d)}" for st in ("horizontal", "vertical", "hybrid") for d in datasets
-          if paper.classifier_cluster_without_target(st, d)]
-    return (f"k-means on the label owner's whole subspace, target included (Algorithm 1), except "
-            f"{', '.join(on) if on else 'nowhere'}: there the k-means input leaves the target out "
-            f"(--cluster-without-target; the cluster PCs still model it), because with the target in, k-means "
-            f"made a cluster of only positives that then predicted y=1 for every row it dominated. Chosen on "
-            f"validation rows only, as the glue (hybrid Income, whose label owner's private block is clustered, "
-            f"was checked and keeps the target in; a label held by every client sits in the shared block, "
-            f"which is never clustered). Why: mpifc.experiments.paper.T7_CLUSTER_WITHOUT_TARGET")
+FC_PC_NOTE = ("mpifc train's adaptive defaults (mpifc.federated.defaults), the command a user runs: every "
+              "client PC's LearnSPN settings follow from its rows and meta-types; the class glue: a client "
+              "that holds the label splits its rows by class, so the prediction uses every client's "
+              "columns; vertical: the other clients' rows in k-means clusters (K = 4 for 2-3 clients) tied "
+              "to the classes by 10 iterations of exact distributed EM (per-sample values and flows over "
+              "the aligned rows); hybrid and horizontal: the label on every client")
 
 
 def cell_config(cell: Cell) -> dict[str, Any]:
-    """What an FC cell's result depends on beyond its key: glue, K, label owner and (FC[PC])
-    whether the label owner clusters without the target, as recorded.
+    """What an FC cell's result depends on beyond its key, as recorded: FC[PC] the preset
+    (``adaptive``: mpifc train's defaults), FC[DT] its glue and K; both the label owner.
 
-    A stored cell whose record differs (e.g. one run with an earlier glue) is not reused.
-    Records written before the glue was recorded ran Table 4's glue with K = 2; records without
-    ``cluster_without_target`` clustered with the target.
+    A stored cell whose record differs (e.g. an FC[PC] run with Table 4's fixed settings, whose
+    records carry no preset) is not reused.
     """
     if cell.method not in ("fc-pc", "fc-dt"):
         return {}
-    if cell.method == "fc-pc":
-        glue, k = paper.classifier_glue(cell.setting, cell.dataset)
-    else:
-        glue, k = paper.classifier_hp(cell.setting, cell.dataset)[1], paper.T7_DEFAULT_CLUSTERS
     owner = label_owner(cell)
-    conf = {"glue": glue, "clusters": k, "label_owner": "default" if owner is None else owner}
+    owner = "default" if owner is None else owner
     if cell.method == "fc-pc":
-        conf["cluster_without_target"] = paper.classifier_cluster_without_target(cell.setting, cell.dataset)
-    return conf
+        return {"preset": "adaptive", "label_owner": owner}
+    return {"glue": paper.learnspn_hp(cell.setting, cell.dataset)[1], "clusters": paper.T7_DEFAULT_CLUSTERS,
+            "label_owner": owner}
 
 
 def recorded_config(cell: Cell, rec: dict[str, Any]) -> dict[str, Any]:
-    """:func:`cell_config` as a stored record states it (absent glue/K: Table 4's glue, K = 2;
-    absent ``cluster_without_target``: off)."""
+    """:func:`cell_config` as a stored record states it (FC[PC] without a preset: Table 4's
+    fixed settings; FC[DT] without glue/K: Table 4's glue, K = 2)."""
     if cell.method not in ("fc-pc", "fc-dt"):
         return {}
-    conf = {"glue": rec.get("glue", paper.classifier_hp(cell.setting, cell.dataset)[1]),
-            "clusters": rec.get("clusters", paper.T7_DEFAULT_CLUSTERS), "label_owner": rec.get("label_owner")}
     if cell.method == "fc-pc":
-        conf["cluster_without_target"] = bool(rec.get("cluster_without_target", False))
-    return conf
+        return {"preset": rec.get("preset", "table4"), "label_owner": rec.get("label_owner")}
+    return {"glue": rec.get("glue", paper.learnspn_hp(cell.setting, cell.dataset)[1]),
+            "clusters": rec.get("clusters", paper.T7_DEFAULT_CLUSTERS), "label_owner": rec.get("label_owner")}
 
 
 class ConfigCheckedStore(ResultStore):
@@ -216,19 +159,20 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         owner = label_owner(cell)
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows, label_owner=owner))
         if cell.method in ("fc-pc", "fc-dt"):
-            spn_hp, _ = paper.classifier_hp(cell.setting, cell.dataset)
             conf = cell_config(cell)
-            learner = "learnspn" if cell.method == "fc-pc" else "dt"
-            hp = capped_hp(spn_hp, d) if learner == "learnspn" else {}
-            extra = ("--cluster-without-target",) if conf.get("cluster_without_target") else ()
-            tr = train_fc_cached(launch, d, cache.runs, learner=learner, glue=conf["glue"],
-                                 clusters=conf["clusters"], seed=cell.seed, hp=hp, extra=extra)
+            if cell.method == "fc-pc":
+                tr = train_fc_cached(launch, d, cache.runs, learner="learnspn", preset="adaptive", seed=cell.seed)
+                used = {"glue_used": tr.get("glue"), "clusters_used": tr.get("clusters")}
+            else:
+                tr = train_fc_cached(launch, d, cache.runs, learner="dt", glue=conf["glue"],
+                                     clusters=conf["clusters"], seed=cell.seed)
+                used = {}
             model = Path(tr["model_path"])
             ev = evaluate_fc(d, model, npz=model.with_suffix(".test.npz"))
             return {"accuracy": ev["accuracy"], "f1": ev["f1"], "f1_binary": ev.get("f1_binary"),
                     "test_ll": ev["test_ll"], "bytes_train": tr["bytes_train"],
                     "train_seconds_critical_path": tr["train_seconds_critical_path"], "ranks": tr["ranks"],
-                    **conf, "hp": hp, "model": str(model), "ledger": tr["ledger_path"],
+                    **conf, **used, "model": str(model), "ledger": tr["ledger_path"],
                     "predictions": str(model.with_suffix(".test.npz")), "cached_run": tr["cached"]}
         if cell.method == "fedavg":
             res = run_fedavg(launch, d, cache.runs, cell.seed, rounds=b["rounds"])
@@ -282,13 +226,7 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
         "baselines": f"{tabnet_note()}; FedAvg-MLP {b['rounds']} rounds x 1 local epoch, SplitNN-MLP "
                      f"{b['epochs']} epochs",
         "FC[DT] vertical": "every client holds the label column (label_owner=all)",
-        "FC[PC] hyperparameters": "Table 4; min_instances_slice capped at 10% of the smallest client's rows; "
-                                  "RDC as SPFlow's LearnSPN, which the paper used (k=20, ties ranked in row "
-                                  "order: rdc_ties=ordinal; see mpifc.experiments.paper.SPFLOW_RDC)",
-        "FC[PC] leaves": leaves_note(datasets),
-        "FC[PC] hybrid label": hybrid_label_note(datasets),
-        "FC[PC] glue": glue_note(datasets),
-        "FC[PC] k-means": cluster_note(datasets),
+        "FC[PC]": FC_PC_NOTE,
         "preprocessing": "as the paper's appendix E.1 (target-encoded categoricals, median imputation, "
                          "standardized features); rows: see above (the paper used every row)",
         "FedTree": "not reproduced (no Python implementation); paper values listed from its Table 7",

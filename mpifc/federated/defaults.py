@@ -47,6 +47,21 @@ random glue would pair with unrelated clusters of other clients), as is the sing
 a one-client federation (``--setting central``: one LearnSPN, whose own first row split weighs
 its clusters by their rows); every other single-owner subspace gets the paper's K = 2.
 
+The glue (``--glue``; :func:`default_glue`): the ``class`` glue on horizontal and hybrid data
+where every client holds the target and on vertical data with a target; elsewhere (no target,
+one client) the paper's ``random`` glue. Under the class glue, a client that holds the target
+splits the rows of its subspaces by the class (the class is its own knowledge, so only counts
+per class travel), and the root mixes one product per class over every subspace's class PCs
+(a shared subspace: the sum of its owners' class PCs, by rows). On hybrid data the prediction
+then uses every client's private columns, where the random glue, pairing private clusters with
+no tie to the class, leaves it to the shared block alone. On horizontal data every class's
+density pools all clients' PCs of that class, where a per-client choice between the class split
+and the joint model, made on a client's few held-out rows, is noisy on small clients. On vertical data the
+other clients' subspaces are k-means clustered (K = 4) and joined with every class
+(combinatorial weights), and exact distributed EM (``--refine em``, 10 iterations, per-sample
+values and flows over the aligned rows; :func:`default_refine`) learns how the classes and those
+clusters go together: without it the prediction would use the label owner's columns alone.
+
 Presets (:data:`PRESETS`): ``adaptive`` (this rule, the default), ``learner`` (every learner's
 own defaults and K = 2: the rule off) and ``paper`` (Table 4 of the paper, resolved by the
 command line from :mod:`mpifc.experiments.paper`, then the ``learner`` defaults for the rest).
@@ -171,17 +186,70 @@ def target_candidates(hp: Mapping[str, Any], explicit: Mapping[str, Any] | None 
     return [split, joint]
 
 
-def default_clusters(n_clients: int, n_subspaces: int, holds_target: bool) -> int:
+CLASS_GLUE_CLUSTERS = 4
+"""K of a single-owner subspace without the target under the ``class`` glue (vertical data): the
+clusters that exact EM ties to the classes."""
+
+CLASS_GLUE_MAX_PRODUCTS = 256
+"""The class glue's default K keeps ``classes x K^m`` (m: the clustered subspaces) products at
+most this many: K = 4 for up to 3 clients with two classes, fewer for more clients."""
+
+CLASS_GLUE_EM_ITERS = 10
+"""EM iterations the ``class`` glue runs by default on vertical data (``--em-iters`` wins)."""
+
+
+def default_glue(setting: str, target_holders: int, n_clients: int) -> str:
+    """The glue when ``--glue`` is not given (module doc): ``class`` on vertical data with a
+    target and on horizontal and hybrid data whose every client holds the target (two clients
+    or more), else the paper's ``random``.
+
+    Args:
+        setting: the shards' setting.
+        target_holders: clients holding the classification target (0: none, or no target).
+        n_clients: clients in the federation.
+    """
+    if setting == "vertical" and target_holders >= 1:
+        return "class"
+    if setting in ("horizontal", "hybrid") and n_clients > 1 and target_holders == n_clients:
+        return "class"
+    return "random"
+
+
+def default_refine(setting: str, glue: str, target_holders: int, n_clients: int, learners: Sequence[str],
+                   assign: str) -> tuple[str, int]:
+    """``(refine, em_iters)`` when ``--refine`` is not given: exact EM (:data:`CLASS_GLUE_EM_ITERS`
+    iterations) where the ``class`` glue joins the label owner's classes with other clients'
+    clusters on aligned rows (vertical data, LearnSPN, flat ψ), else none. Without it those
+    clusters' weights are independent of the class, and the prediction uses the owner's
+    columns alone."""
+    if (setting == "vertical" and glue == "class" and 1 <= target_holders < n_clients and assign == "flat"
+            and set(learners) <= {"learnspn"}):
+        return "em", CLASS_GLUE_EM_ITERS
+    return "none", 0
+
+
+def default_clusters(n_clients: int, n_subspaces: int, holds_target: bool, glue: str = "random",
+                     n_clustered: int = 1, n_classes: int = 2) -> int:
     """K of one single-owner subspace when ``--clusters`` is not given (module doc).
 
     Args:
         n_clients: clients in the federation.
         n_subspaces: subspaces of the federation (shared and single-owner).
         holds_target: whether the subspace holds the classification target.
+        glue: the plan's glue (``class``: :data:`CLASS_GLUE_CLUSTERS` for a subspace without the
+            target, fewer where ``n_classes x K^n_clustered`` would pass
+            :data:`CLASS_GLUE_MAX_PRODUCTS`).
+        n_clustered: subspaces the class glue clusters by k-means.
+        n_classes: the target's classes.
     """
     if holds_target or (n_clients == 1 and n_subspaces == 1):
         return 1
-    return 2
+    if glue != "class":
+        return 2
+    k = CLASS_GLUE_CLUSTERS
+    while k > 1 and max(int(n_classes), 1) * k ** max(int(n_clustered), 1) > CLASS_GLUE_MAX_PRODUCTS:
+        k -= 1
+    return k
 
 
 RULE_HELP = (
@@ -193,7 +261,12 @@ RULE_HELP = (
     "Gaussians otherwise, alpha 0.01; a PC holding the target chooses, by macro F1 on held-out "
     "rows (the shard's validation rows, else a fifth of its rows), between splitting its rows by "
     "the target first (target_first) and the joint LearnSPN with Gaussian leaves. K (--clusters) "
-    "is 1 for the subspace holding the target and for a one-client federation, else 2. Explicit flags and --hp keys always win; the values used are in the "
+    "is 1 for the subspace holding the target and for a one-client federation, else 2. The glue is "
+    "'class' on horizontal and hybrid data whose every client holds the target and on vertical data "
+    "with a target "
+    "(the target's holders split their rows by class; on vertical data the other clients' subspaces "
+    "get K = 4 and --refine em runs 10 iterations), else 'random'. Explicit flags and --hp keys "
+    "always win; the values used are in the "
     "model's meta (hyperparameters). --preset learner: the learners' own defaults (LearnSPN "
     "threshold 0.3, min_instances_slice 200), K = 2; --preset paper: the paper's Table 4 for the "
     "shards' dataset and setting.")

@@ -22,6 +22,18 @@ Glue modes (single-owner part):
 * ``combinatorial`` — all ``Π_j k_j`` combinations. Weight of a combination is the product of the
   cluster fractions ``Π_j n_{j,k_j} / n_j``: what Assumption 2 gives when the cluster choices are
   independent (the only joint the server can form from per-client counts).
+* ``class`` — for classification (the adaptive default with a target,
+  :func:`mpifc.federated.defaults.default_glue`): a client splits the rows of each subspace whose
+  owners all hold the target by the target's class instead of k-means (the class is each
+  client's own knowledge, so nothing travels but counts per class); other single-owner subspaces
+  (vertical data: the clients without the target) are k-means clustered. The root has, per class
+  ``y`` and combination of those clusters, one product over the class-``y`` PCs of every
+  class-split subspace (a shared subspace: their sum over its owners holding the class, by rows)
+  and the clusters, weighted by the class's rows times the clusters' fractions. ``p(y | x)`` then
+  uses every hybrid client's private features (independent given ``y`` across subspaces), which
+  the random glue, pairing clusters without any tie to the class, cannot; on vertical data exact
+  EM (``--refine em``) learns how classes and clusters go together. A single-owner class-split
+  subspace whose client holds no row of a class stands in its PC over all its rows.
 * ``cooccurrence`` — opt-in, vertical/hybrid with aligned ids: each single-owner client sends one
   cluster id per training row (rows in the shared id order). The server counts joint assignments
   and makes one product per observed combination, weighted by its frequency: Assumption 2's latent
@@ -31,6 +43,7 @@ Glue modes (single-owner part):
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import itertools
@@ -52,7 +65,7 @@ from mpifc.federated.structure import (
     LeafInfo,
 )
 
-GLUE_MODES = ("random", "combinatorial", "cooccurrence")
+GLUE_MODES = ("random", "combinatorial", "cooccurrence", "class")
 
 
 # -- declarations and plan ---------------------------------------------------------------------
@@ -101,7 +114,8 @@ class LeafTask:
     """One thing a client must learn: PCs over ``features`` of its rows.
 
     ``n_clusters == 0`` means one PC over all rows (shared subspace); otherwise the rows are split
-    into up to ``n_clusters`` k-means clusters with one PC each.
+    into up to ``n_clusters`` k-means clusters with one PC each, or, ``by_class`` (the ``class``
+    glue), by the plan target's class (``n_clusters`` classes, cluster id = class code).
     """
 
     client: int
@@ -110,6 +124,7 @@ class LeafTask:
     n_clusters: int
     seed: int
     learner: str
+    by_class: bool = False
 
 
 @dataclass
@@ -364,7 +379,11 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[d
     if plan.defaults == "adaptive" and plan.kind == "fedpc":
         meta = [plan.meta_types[f] for f in task.features]
         hp = adaptive_hyperparameters(task.learner, n_rows, meta, plan.target in task.features, hp)
-    holds = task.learner == "learnspn" and plan.target is not None and plan.target in task.features
+    # a class-split PC holds one class: there is no target split to choose
+    holds = (task.learner == "learnspn" and plan.target is not None and plan.target in task.features
+             and not task.by_class)
+    if task.by_class:
+        hp.pop(TARGET_FIRST, None)
     if hp.get(TARGET_FIRST) == "auto" and not holds:
         hp.pop(TARGET_FIRST)
     out = []
@@ -479,6 +498,9 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         idx = [col[f] for f in t.features]
         xs = x[:, idx]
         floors = tie_variance_floors(xs, [plan.meta_types[f] == "real" for f in t.features])
+        if t.by_class:
+            leaves += _fit_by_class(plan, t, client, xs, x[:, col[plan.target]], fit, floors)
+            continue
         if t.n_clusters == 0:
             extra = {"target_index": t.features.index(plan.target)} if plan.kind == "fcdt" else {}
             held = x_valid[:, idx] if x_valid is not None and len(x_valid) else None
@@ -496,6 +518,28 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     return ClientReport(client, leaves, cluster_ids)
 
 
+def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray, y: np.ndarray,
+                  fit: Callable[..., Any], floors: Any) -> list[LeafReport]:
+    """The ``class`` glue's PCs of one task: one per class the client holds rows of (cluster id =
+    class code). A single-owner subspace also needs one for every other class: its PC over all
+    the client's rows stands in (its row count then says so: it is not the class's)."""
+    codes = np.rint(y).astype(np.int64)
+    out = []
+    whole = None
+    for k in range(int(t.n_clusters)):
+        rows = xs[codes == k]
+        if not len(rows):
+            if plan.subspaces[t.subspace].shared:
+                continue  # the subspace's other owners hold the class
+            if whole is None:
+                whole = fit_pc(fit, plan, t, xs, derive_seed(t.seed, 0x616C6C), var_min_var=floors)
+            out.append(LeafReport(client, t.subspace, k, len(xs), t.learner, t.features, copy.deepcopy(whole)))
+            continue
+        model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors)
+        out.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
+    return out
+
+
 # -- the builder -------------------------------------------------------------------------------
 class OnePassBuilder:
     """Algorithm 1: plan from declarations, assemble from counts.
@@ -504,7 +548,9 @@ class OnePassBuilder:
         n_clusters: K, clusters per single-owner subspace; ``None``: per subspace by
             :func:`mpifc.federated.defaults.default_clusters` (``defaults="adaptive"``) or 2.
         n_products: P, products for the ``random`` glue.
-        glue: one of :data:`GLUE_MODES`.
+        glue: one of :data:`GLUE_MODES`; ``None``: :func:`mpifc.federated.defaults.default_glue`
+            (``defaults="adaptive"``: ``class`` where every client of hybrid data holds the
+            target) or ``random``.
         seed: master seed.
         learner: default learner name; ``learners`` overrides it per client index.
         hyperparameters: the user's, passed to every learner call.
@@ -512,10 +558,10 @@ class OnePassBuilder:
             user did not set.
     """
 
-    def __init__(self, n_clusters: int | None = 2, n_products: int = 4, glue: str = "random", seed: int = 0,
+    def __init__(self, n_clusters: int | None = 2, n_products: int = 4, glue: str | None = "random", seed: int = 0,
                  learner: str = "learnspn", learners: dict[int, str] | None = None,
                  hyperparameters: dict[str, Any] | None = None, defaults: str = "adaptive") -> None:
-        if glue not in GLUE_MODES:
+        if glue is not None and glue not in GLUE_MODES:
             raise UserError(f"unknown glue {glue!r}; expected one of {', '.join(GLUE_MODES)}")
         if defaults not in DEFAULTS_MODES:
             raise UserError(f"unknown defaults {defaults!r}; expected one of {', '.join(DEFAULTS_MODES)}")
@@ -584,30 +630,72 @@ class OnePassBuilder:
         subs = self.subspaces(decls, features)
         single = [s for s in subs if not s.shared]
         by_index = {d.index: d for d in decls}
+        glue = self.resolve_glue(decls, target, setting)
         if setting == "vertical":
             self._check_aligned([by_index[c] for c in sorted(by_index)], "vertical setting")
-        if self.glue == "cooccurrence":
+        if glue == "class":
+            n_classes = self._check_class_glue(decls, meta, cats, target)
+            holders = {d.index for d in decls if target in d.features}
+        if glue == "cooccurrence":
             if setting == "horizontal":
                 raise UserError("glue 'cooccurrence' needs vertical or hybrid data (aligned sample ids); "
                                 "the data is horizontal")
             self._check_aligned([by_index[s.owners[0]] for s in single], "glue 'cooccurrence'")
         if self.learner == "dt" or "dt" in self.learners.values():
-            return self._plan_fcdt(decls, features, meta, cats, by_index, target, setting)
+            return self._plan_fcdt(decls, features, meta, cats, by_index, target, setting, glue)
         tasks = []
+        n_clustered = (sum(1 for s in single if not set(s.owners) <= holders) if glue == "class" else len(single))
         for s in subs:
             for c in s.owners:
                 learner = self.learners.get(c, self.learner)
-                k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target)
-                tasks.append(LeafTask(c, s.index, s.features, k, derive_seed(self.seed, c, s.index), learner))
+                seed = derive_seed(self.seed, c, s.index)
+                if glue == "class" and set(s.owners) <= holders:
+                    tasks.append(LeafTask(c, s.index, s.features, n_classes, seed, learner, by_class=True))
+                    continue
+                k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target, glue, n_clustered,
+                                                         n_classes if glue == "class" else 2)
+                tasks.append(LeafTask(c, s.index, s.features, k, seed, learner))
+        if glue == "class":
+            n_products = n_classes * int(np.prod([t.n_clusters for t in tasks if not t.by_class and t.n_clusters]))
+            if n_products > 65536:
+                raise UserError(f"glue 'class': {n_products} products (classes x the clusters' combinations); "
+                                f"ask for fewer clusters (--clusters)")
         k_max = max([t.n_clusters for t in tasks] + [1])
-        if self.glue == "random" and single and self.n_products < k_max:
+        if glue == "random" and single and self.n_products < k_max:
             raise UserError(f"--products {self.n_products} < --clusters {k_max}: every "
                             f"cluster-PC must be the child of at least one product")
-        return FederationPlan(features, meta, cats, subs, tasks, by_index, self.glue, self.plan_clusters(k_max),
+        return FederationPlan(features, meta, cats, subs, tasks, by_index, glue,
+                              k_max if glue == "class" else self.plan_clusters(k_max),
                               self.n_products, self.seed, target, setting, dict(self.hyperparameters),
                               defaults=self.defaults)
 
-    def clusters_of(self, subspace: Subspace, n_clients: int, n_subspaces: int, target: str | None) -> int:
+    def resolve_glue(self, decls: Sequence[ClientDeclaration], target: str | None, setting: str) -> str:
+        """The glue the plan uses: the user's, else the defaults' rule."""
+        if self.glue is not None:
+            return self.glue
+        if self.defaults != "adaptive":
+            return "random"
+        from mpifc.federated.defaults import default_glue
+
+        holders = sum(1 for d in decls if target is not None and target in d.features)
+        return default_glue(setting, holders, len(decls))
+
+    @staticmethod
+    def _check_class_glue(decls: Sequence[ClientDeclaration], meta: dict[str, str], cats: dict[str, int],
+                          target: str | None) -> int:
+        """The number of classes for the ``class`` glue; raises where it does not apply."""
+        if target is None:
+            raise UserError("glue 'class' needs a classification target; the manifest names none")
+        if not any(target in d.features for d in decls):
+            raise UserError(f"glue 'class' needs a client that holds the target {target!r}; none does")
+        k = int(cats.get(target, 0) or 0)
+        if meta.get(target) == "real" or k < 2:
+            raise UserError(f"glue 'class' needs a target with at least 2 classes; {target!r} is "
+                            f"{meta.get(target)} with {k} categories")
+        return k
+
+    def clusters_of(self, subspace: Subspace, n_clients: int, n_subspaces: int, target: str | None,
+                    glue: str = "random", n_clustered: int = 1, n_classes: int = 2) -> int:
         """K of a single-owner subspace: ``n_clusters`` when set, else the defaults' rule."""
         if self.n_clusters is not None:
             return self.n_clusters
@@ -615,7 +703,8 @@ class OnePassBuilder:
             return 2
         from mpifc.federated.defaults import default_clusters
 
-        return default_clusters(n_clients, n_subspaces, target is not None and target in subspace.features)
+        return default_clusters(n_clients, n_subspaces, target is not None and target in subspace.features, glue,
+                                n_clustered, n_classes)
 
     def plan_clusters(self, k_max: int) -> int:
         """The plan's ``n_clusters``: the user's K, else the largest K of any task (at least 1)."""
@@ -623,7 +712,7 @@ class OnePassBuilder:
 
     def _plan_fcdt(self, decls: list[ClientDeclaration], features: tuple[str, ...], meta: dict[str, str],
                    cats: dict[str, int], by_index: dict[int, ClientDeclaration], target: str | None,
-                   setting: str) -> FederationPlan:
+                   setting: str, glue: str) -> FederationPlan:
         """FC[DT]: one tree per client over all its features, averaged at the root."""
         if target is None:
             raise UserError("FC[DT] (learner 'dt') needs a target feature; the manifest names none")
@@ -636,7 +725,7 @@ class OnePassBuilder:
                 raise UserError(f"FC[DT]: client {d.index} uses learner {learner!r}; all clients must use 'dt'")
         tasks = [LeafTask(d.index, -1, tuple(f for f in features if f in d.features), 0,
                           derive_seed(self.seed, d.index), "dt") for d in sorted(decls, key=lambda d: d.index)]
-        return FederationPlan(features, meta, cats, [], tasks, by_index, self.glue, self.plan_clusters(2),
+        return FederationPlan(features, meta, cats, [], tasks, by_index, glue, self.plan_clusters(2),
                               self.n_products, self.seed, target, setting, dict(self.hyperparameters), "fcdt",
                               self.defaults)
 
@@ -701,6 +790,11 @@ class OnePassBuilder:
             rows[nid] = float(sum(rows[ch] for ch in children))
             return nid
 
+        if plan.glue == "class":
+            fc.root = self._assemble_by_class(plan, leaf_ids, rows, add)
+            fc.compact()
+            return fc
+
         sums = []
         for s in plan.subspaces:
             if not s.shared:
@@ -728,6 +822,66 @@ class OnePassBuilder:
         fc.root = add(SUM, prod_ids, list(w / w.sum()))
         fc.compact()
         return fc
+
+    @staticmethod
+    def _assemble_by_class(plan: FederationPlan, leaf_ids: dict[tuple[int, int, int], int],
+                           rows: dict[int, float], add: Callable[..., int]) -> int:
+        """The ``class`` glue's root (module doc): per class ``y`` and combination of the other
+        single-owner subspaces' k-means clusters, a product over the class-``y`` PCs of every
+        subspace whose owners hold the target (a shared one: their sum over the owners holding
+        the class, by rows), those clusters and the other shared subspaces' sums; weighted by
+        the class's rows times the clusters' fractions (the combinatorial rule: exact EM, which
+        vertical data allows, then learns how classes and clusters go together). A class no
+        client holds is left out."""
+        by_class = {t.subspace for t in plan.tasks if t.by_class}
+        clustered = {t.subspace for t in plan.tasks if not t.by_class and t.n_clusters > 0}
+        target_sub = next(s for s in plan.subspaces if plan.target in s.features)
+
+        def owner_sum(s: Subspace, k: int) -> int | None:
+            ids = [leaf_ids[(c, s.index, k)] for c in s.owners if (c, s.index, k) in leaf_ids]
+            if not ids:
+                return None
+            n = np.array([rows[i] for i in ids])
+            return add(SUM, ids, list(n / n.sum()))
+
+        plain = []
+        for s in plan.subspaces:
+            if s.index not in by_class and s.index not in clustered:
+                node = owner_sum(s, -1)
+                if node is None or sum(1 for c in s.owners if (c, s.index, -1) in leaf_ids) != len(s.owners):
+                    raise UserError(f"subspace {s.index} {list(s.features)}: not every owner {list(s.owners)} "
+                                    f"reported a PC")
+                plain.append(node)
+        clusters = []
+        for s in plan.subspaces:
+            if s.index in clustered:
+                c = s.owners[0]
+                ks = sorted(k for (cc, sj, k) in leaf_ids if cc == c and sj == s.index)
+                clusters.append([leaf_ids[(c, s.index, k)] for k in ks])
+        frac = [np.array([rows[i] for i in cl]) / sum(rows[i] for i in cl) for cl in clusters]
+        products: dict[tuple[int, ...], float] = {}
+        for k in range(int(plan.n_clusters)):
+            ch = [leaf_ids[(c, target_sub.index, k)] for c in target_sub.owners
+                  if (c, target_sub.index, k) in leaf_ids]
+            if not ch:
+                continue
+            n_class = float(sum(rows[i] for i in ch))
+            per_class = []
+            for s in plan.subspaces:
+                if s.index in by_class:
+                    node = owner_sum(s, k)
+                    if node is None:
+                        raise UserError(f"glue 'class': no PC of class {k} for subspace {s.index} {list(s.features)}")
+                    per_class.append(node)
+            for combo in itertools.product(*[range(len(cl)) for cl in clusters]):
+                children = tuple(per_class + plain + [clusters[j][b] for j, b in enumerate(combo)])
+                w = n_class * float(np.prod([frac[j][b] for j, b in enumerate(combo)]))
+                products[children] = products.get(children, 0.0) + w
+        if not products:
+            raise UserError("glue 'class': no client reported a PC of any class")
+        prod_ids = [add(PRODUCT, list(ch)) for ch in products]
+        w = np.array(list(products.values()), dtype=np.float64)
+        return add(SUM, prod_ids, list(w / w.sum()))
 
     def _glue(self, plan: FederationPlan, singles: list[Subspace], clusters: list[list[int]],
               rows: dict[int, float], sums: list[int], reports: dict[int, ClientReport]

@@ -44,6 +44,30 @@ def bytes_by_phase(table: Any, phases: tuple[str, ...] | None = None) -> dict[st
     return out
 
 
+def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any]:
+    """Fill ``glue``, ``refine`` and ``em_iters`` left ``None`` (flags not given) in place, by the
+    adaptive rule (:func:`mpifc.federated.defaults.default_glue`, :func:`~mpifc.federated.
+    defaults.default_refine`) from the manifest's setting and which clients hold the target.
+    Every rank reads the same manifest, so every rank resolves the same values."""
+    from mpifc.federated.defaults import default_glue, default_refine
+
+    n = int(manifest.n_clients)
+    target = manifest.target
+    holders = sum(1 for c in manifest.clients if target is not None and target in c.get("features", ()))
+    if cfg.get("glue") is None:
+        cfg["glue"] = default_glue(manifest.setting, holders, n)
+    learners = [(cfg.get("client_learners") or {}).get(c, cfg.get("learner") or "learnspn") for c in range(n)]
+    if cfg.get("refine") is None:
+        refine, iters = default_refine(manifest.setting, cfg["glue"], holders, n, learners,
+                                       cfg.get("assign") or "flat")
+        cfg["refine"] = refine
+        if cfg.get("em_iters") is None and refine == "em":
+            cfg["em_iters"] = iters
+    if cfg.get("em_iters") is None:
+        cfg["em_iters"] = 5
+    return cfg
+
+
 def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
           liveness: float = DEFAULT_LIMIT_S, on_summary: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
@@ -69,8 +93,9 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         if not 0 <= int(index) < m.n_clients:
             raise UserError(f"--client-learner {index}={name}: there is no client {index} "
                             f"(the shards in {cfg['dir']} hold clients 0..{m.n_clients - 1})")
-    if int(cfg.get("em_iters") or 1) < 1:
+    if cfg.get("em_iters") is not None and int(cfg["em_iters"]) < 1:
         raise UserError(f"--em-iters must be >= 1, got {cfg['em_iters']}")
+    resolve_glue_and_refine(cfg, m)
     check_outputs([("--model", cfg["model"], False), ("--ledger", ledger, False),
                    ("--em-initial-model", cfg.get("em_initial_model"), False), ("--audit", cfg.get("audit"), True)],
                   input_files(m))

@@ -376,7 +376,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     summary = {
         "model": str(cfg["model"]),
         "setting": manifest.setting,
-        "learner": cfg["learner"], "glue": cfg["glue"], "clusters": int(plan.n_clusters),
+        "learner": cfg["learner"], "glue": plan.glue, "clusters": int(plan.n_clusters),
         "preset": cfg.get("preset") or "adaptive",
         "products": int(cfg["products"]), "seed": int(cfg["seed"]), "assign": cfg["assign"],
         # opt-in plan option (one_pass.CLUSTER_WITHOUT_TARGET), recorded only when on

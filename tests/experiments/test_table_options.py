@@ -67,28 +67,3 @@ def test_paper_matches_counts_seeds_and_uses_the_larger_std():
     # paper: accuracy 0.93 ± 0.02 (0.92 is within), F1 0.68 ± 0.02 (0.60 is not, even with our 0.05)
     assert [r[2:] for r in rows] == [["accuracy", "5", "0.92 ± 0.01", "0.93 ± 0.02", "yes"],
                                      ["f1", "5", "0.60 ± 0.05", "0.68 ± 0.02", "no"]]
-
-
-def test_table7_leaves_are_valid_learnspn_options_and_reach_the_job(tmp_path, monkeypatch):
-    import numpy as np
-
-    import data_prep.shards as shards
-    from mpifc.circuit.learnspn import learn_spn
-
-    class M:
-        clients = [{"n_train": 400}, {"n_train": 400}]
-        n_clients = 2
-
-    monkeypatch.setattr(shards, "load_manifest", lambda d: M())
-    rng = np.random.default_rng(0)
-    x = np.column_stack([rng.normal(size=60), rng.integers(0, 2, 60)])
-    for ds in ("breast-cancer", "credit", "adult"):
-        leaves = paper.T7_LEAVES[ds]
-        hp, glue = paper.classifier_hp("horizontal", ds)
-        base, glue0 = paper.learnspn_hp("horizontal", ds)
-        assert glue == glue0 and hp == {**base, **leaves}
-        # every key is a learn_spn option with a value it accepts (a log-density comes out)
-        spn = learn_spn(x, ["real", "discrete"], threshold=0.3, min_instances_slice=20, **leaves)
-        assert np.all(np.isfinite(np.asarray(spn.log_likelihood(x))))
-        args, _ = fc_train_args(tmp_path, hp=capped_hp(hp, tmp_path))
-        assert all(f"{k}={v}" in args for k, v in leaves.items())

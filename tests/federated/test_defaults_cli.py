@@ -26,7 +26,7 @@ def _cfg(*argv: str) -> dict:
 
 def test_no_flags_leave_everything_to_the_adaptive_rule(bc):
     cfg = _cfg(str(bc / "horizontal"))
-    assert cfg["hyperparameters"] == {} and cfg["clusters"] is None and cfg["glue"] == "random"
+    assert cfg["hyperparameters"] == {} and cfg["clusters"] is None and cfg["glue"] is None and cfg["refine"] is None
     assert (cfg["preset"], cfg["defaults"]) == ("adaptive", "adaptive")
     explicit = _cfg(str(bc / "horizontal"), "--threshold", "0.4", "--clusters", "3", "--hp", "alpha=0.5")
     assert explicit["hyperparameters"] == {"threshold": 0.4, "alpha": 0.5} and explicit["clusters"] == 3

@@ -34,10 +34,21 @@ def test_default_flags_classify_breast_cancer(tmp_path, setting, clients):
     fc = load_fc(model)
     used = fc.meta["hyperparameters"]
     assert sorted(map(int, used)) == list(range(clients)) and fc.meta["defaults"] == "adaptive"
+    # the class glue: the label's holders split their rows by class (a PC per class, cluster id
+    # = class code, nothing to split inside); on vertical data the others' rows are in K = 4
+    # k-means clusters, tied to the classes by exact EM
+    assert fc.meta["glue"] == "class"
     features = {(n.leaf.client, n.leaf.subspace): n.leaf.features for n in fc.leaves}
     for client, rows in used.items():
+        clusters: dict[int, set] = {}
         for pc in rows:
             hp, cols = pc["hyperparameters"], features[(int(client), pc["subspace"])]
             assert hp["col_split"] == "rdc" and hp["min_instances_slice"] < pc["n_rows"]
-            # the PC holding the label splits by it first; the others do not
-            assert hp.get("class_column") == (cols.index("diagnosis") if "diagnosis" in cols else None)
+            assert "class_column" not in hp
+            clusters.setdefault(pc["subspace"], set()).add(pc["cluster"])
+        holds = "diagnosis" in fc.clients[int(client)].features
+        for subspace, ks in clusters.items():
+            assert ks == ({0, 1} if holds else set(range(4))), (client, subspace, ks)
+    # every class has a product under the root, weighted by the class's training rows
+    root = fc.nodes[fc.root]
+    assert root.op == "sum" and len(root.children) == (2 * 4 ** (clients - 1) if setting == "vertical" else 2)

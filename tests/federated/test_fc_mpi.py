@@ -179,7 +179,8 @@ def test_einet_clients_on_mixed_real_and_discrete_features(data, tmp_path):
     halves = [(FEATURES, slice(0, None, 2)), (FEATURES, slice(1, None, 2))]  # two clients: 3 ranks
     shards = write_shards(data["root"] / "horizontal-real", "horizontal", real_table(300, 7), real_table(60, 8),
                           "real", layouts=halves)
-    r, model, _, taudit = train(3, shards, tmp_path, "--learner", "einet", "--hp", "epochs=2", "--hp", "num_sums=2",
+    r, model, _, taudit = train(3, shards, tmp_path, "--glue", "random", "--learner", "einet", "--hp", "epochs=2",
+                                "--hp", "num_sums=2",
                                 "--hp", "repetitions=2")
     assert r.returncode == 0, r.stderr
     fc = load_fc(model)
@@ -194,7 +195,7 @@ def test_einet_clients_on_mixed_real_and_discrete_features(data, tmp_path):
 
 def test_horizontal_tree_end_to_end(data, tmp_path):
     shards = data["horizontal"]
-    r, model, _, taudit = train(6, shards, tmp_path, "--assign", "tree", "--servers", "2")
+    r, model, _, taudit = train(6, shards, tmp_path, "--glue", "random", "--assign", "tree", "--servers", "2")
     assert r.returncode == 0, r.stderr
     fc = load_fc(model)
     assert abs(np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum() - 1) < 1e-9

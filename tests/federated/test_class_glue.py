@@ -1,0 +1,122 @@
+"""The class glue in one process: a distribution in every setting, class weights from counts,
+and (vertical) exact EM tying the other clients' clusters to the label owner's classes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mpifc.errors import UserError
+from mpifc.federated.defaults import default_clusters, default_glue, default_refine
+from mpifc.federated.em import em_step
+from mpifc.federated.evaluate import log_likelihood, predict
+from mpifc.federated.one_pass import OnePassBuilder, build_single_process
+from mpifc.federated.structure import PRODUCT, SUM
+
+from tests.federated.fixtures import FEATURES, all_binary, binary_table, split
+
+
+def _fc(setting, n=600, seed=0, **kw):
+    x = binary_table(n, seed)
+    shards = [(d, xi) for d, xi, _ in split(x, setting)]
+    builder = OnePassBuilder(n_clusters=None, glue="class", seed=seed, **kw)
+    return build_single_process(builder, shards, FEATURES, target="y", setting=setting), x
+
+
+@pytest.mark.parametrize("setting", ["horizontal", "vertical", "hybrid"])
+def test_class_glue_is_a_distribution(setting):
+    fc, _ = _fc(setting)
+    assert fc.meta["glue"] == "class"
+    total = np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum()
+    assert abs(total - 1) < 1e-9
+
+
+@pytest.mark.parametrize("setting", ["horizontal", "hybrid"])
+def test_one_product_per_class_weighted_by_its_rows(setting):
+    fc, x = _fc(setting)
+    root = fc.nodes[fc.root]
+    assert root.op == SUM and len(root.children) == 2
+    # one subspace (horizontal): the class's product collapses into its sum over the clients
+    assert all(fc.nodes[c].op == (SUM if setting == "horizontal" else PRODUCT) for c in root.children)
+    # each product's leaves are PCs of one class (cluster id = class code): weights are the
+    # classes' training shares
+    def leaves(nid):
+        node = fc.nodes[nid]
+        return [node] if node.op == "leaf" else [x for c in node.children for x in leaves(c)]
+
+    by_class = {}
+    for c, w in zip(root.children, root.weights):
+        ks = {node.leaf.cluster for node in leaves(c)}
+        assert len(ks) == 1
+        by_class[ks.pop()] = w
+    n_rows = len(x) if setting == "horizontal" else len(x[0::2]) + len(x[1::2])
+    assert by_class[1] == pytest.approx(float(x[:, 4].sum()) / n_rows, abs=1e-12)
+
+
+def test_vertical_em_ties_the_clusters_to_the_classes():
+    # y = a XOR c (85 %), a on client 0, c on client 1, y alone on client 2: no client's own
+    # columns predict y; the class glue's clusters of (a, b) and (c, d), tied to the classes by
+    # exact EM, do
+    fc, _ = _fc("vertical", n=2000)
+    assert default_clusters(3, 3, False, "class", n_clustered=2, n_classes=2) == 4
+    test = binary_table(2000, seed=7)
+    cols = {f: test[:, j] for j, f in enumerate(FEATURES)}
+    before = float(np.mean(predict(fc, cols) == test[:, 4]))
+    train = binary_table(2000, 0)
+    for _ in range(10):
+        em_step(fc, {f: train[:, j] for j, f in enumerate(FEATURES)})
+    after = float(np.mean(predict(fc, cols) == test[:, 4]))
+    assert before < 0.6 < 0.8 < after, (before, after)
+    assert abs(np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum() - 1) < 1e-9
+
+
+def test_defaults_choose_the_class_glue_for_classification():
+    assert default_glue("vertical", 1, 3) == "class"
+    assert default_glue("hybrid", 2, 2) == "class" and default_glue("horizontal", 3, 3) == "class"
+    assert default_glue("hybrid", 1, 2) == "random"  # a label owner on hybrid data
+    assert default_glue("central", 1, 1) == "random" and default_glue("horizontal", 0, 3) == "random"
+    assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "flat") == ("em", 10)
+    assert default_refine("vertical", "class", 1, 2, ["learnspn", "ratspn"], "flat")[0] == "none"
+    assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "tree")[0] == "none"
+    assert default_refine("hybrid", "class", 2, 2, ["learnspn"] * 2, "flat")[0] == "none"
+    # classes x K^m products stay at most 256
+    assert [default_clusters(c, c, False, "class", c - 1, 2) for c in (2, 3, 4, 5, 8)] == [4, 4, 4, 3, 2]
+
+
+def test_class_glue_needs_a_classification_target():
+    x = binary_table(100)
+    shards = [(d, xi) for d, xi, _ in split(x, "hybrid")]
+    with pytest.raises(UserError, match="glue 'class' needs a classification target"):
+        build_single_process(OnePassBuilder(glue="class"), shards, FEATURES, target=None, setting="hybrid")
+    no_y = [(d, xi) for d, xi, _ in split(x, "vertical")][:2]
+    with pytest.raises(UserError, match="holds the target"):
+        build_single_process(OnePassBuilder(glue="class"), no_y, ("a", "b", "c", "d"), target="y",
+                             setting="vertical")
+
+
+@pytest.mark.mpi
+def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
+    # mpifc train's defaults on vertical data with a label: the class glue, K = 4 clusters for the
+    # other client and 10 iterations of exact distributed EM; mpifc.simulate runs the same EM in
+    # one process, so both give the same model
+    import mpifc
+    from data_prep.shards import read_test
+    from mpifc.cli.prep import run as prep_run
+    from tests.mpi_util import run_mpi
+
+    shards, model = tmp_path / "bc", tmp_path / "fc.h5"
+    prep_run(["--dataset", "breast-cancer", "--setting", "vertical", "--clients", "2", "--seed", "1",
+              "--out", str(shards)])
+    r = run_mpi(3, ["-m", "mpifc", "train", str(shards), "--seed", "1", "--model", str(model), "--json"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    assert summary["glue"] == "class" and len(summary["em_train_ll"]) == 10
+    mpi = mpifc.load(model)
+    sim = mpifc.simulate(shards, seed=1)
+    test = read_test(shards)
+    x = test.x[:, [test.features.index(f) for f in mpi.features]]
+    np.testing.assert_allclose(sim.log_likelihood(x), mpi.log_likelihood(x), rtol=1e-9, atol=1e-9)
+    assert np.array_equal(sim.predict_proba(x).argmax(1), mpi.predict_proba(x).argmax(1))
+    one_pass = mpifc.simulate(shards, seed=1, refine="none")
+    assert not np.allclose(one_pass.log_likelihood(x), mpi.log_likelihood(x))
