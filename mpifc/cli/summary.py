@@ -37,7 +37,9 @@ def _phases(by_phase: dict[str, int] | None) -> str:
 def train_text(s: dict[str, Any]) -> str:
     """The human summary of a training run."""
     lines = [f"trained a one-pass FedPC on {s.get('setting') or '?'} shards: {s.get('clients', '?')} clients, "
-             f"learner {s.get('learner')}, glue {s.get('glue')}, K = {s.get('clusters')}, seed {s.get('seed')}",
+             f"learner {s.get('learner')}, glue {s.get('glue')}, "
+             + (f"{s.get('clusters')} classes" if s.get("glue") == "class" else f"K = {s.get('clusters')}")
+             + f", seed {s.get('seed')}",
              f"  model      {s.get('model')} ({s.get('n_nodes')} nodes, {s.get('n_leaves')} leaf PCs, "
              f"{s.get('n_parameters'):,} parameters)" if isinstance(s.get('n_parameters'), int) else
              f"  model      {s.get('model')}"]

@@ -35,11 +35,15 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="what fills the settings not given (see below): adaptive (default), learner "
                         "(the learners' own defaults, K = 2), paper (Table 4 for the shards' dataset)")
     p.add_argument("--glue", default=None, choices=GLUE_MODES,
-                   help="how the clients' single-owner parts are joined (vertical and hybrid data): random = the "
-                        "paper's P products of randomly chosen clusters; combinatorial = every combination of "
-                        "clusters, weighted by the product of cluster fractions; cooccurrence = every observed "
-                        "combination, weighted by its frequency (clients send one cluster id per aligned row); "
-                        "default random (--preset paper: Table 4's)")
+                   help="how the clients' PCs are joined: class = the target's holders split their rows by "
+                        "class, one product per class (vertical: with every k-means cluster of the other "
+                        "clients, tied to the classes by EM); random = the paper's P products of randomly "
+                        "chosen clusters; combinatorial = every combination of clusters, weighted by the "
+                        "product of cluster fractions; cooccurrence = every observed combination, weighted by "
+                        "its frequency (clients send one cluster id per aligned row); default: class for "
+                        "classification with two clients or more (horizontal: while a client has fewer than "
+                        "1,000 rows), else random (--preset learner: random; "
+                        "--preset paper: Table 4's)")
     p.add_argument("--clusters", type=int, default=None,
                    help="K, clusters per single-owner subspace (default: the preset's rule, see below)")
     p.add_argument("--products", type=int, default=4, help="P, products of the random glue")

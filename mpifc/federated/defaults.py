@@ -47,16 +47,21 @@ random glue would pair with unrelated clusters of other clients), as is the sing
 a one-client federation (``--setting central``: one LearnSPN, whose own first row split weighs
 its clusters by their rows); every other single-owner subspace gets the paper's K = 2.
 
-The glue (``--glue``; :func:`default_glue`): the ``class`` glue on horizontal and hybrid data
-where every client holds the target and on vertical data with a target; elsewhere (no target,
-one client) the paper's ``random`` glue. Under the class glue, a client that holds the target
+The glue (``--glue``; :func:`default_glue`): the ``class`` glue on vertical data with a target,
+on hybrid data where every client holds the target, and on horizontal data whose smallest client
+has fewer than 1,000 training rows; elsewhere (no target, one client, larger horizontal clients)
+the paper's ``random`` glue. Under the class glue, a client that holds the target
 splits the rows of its subspaces by the class (the class is its own knowledge, so only counts
 per class travel), and the root mixes one product per class over every subspace's class PCs
 (a shared subspace: the sum of its owners' class PCs, by rows). On hybrid data the prediction
 then uses every client's private columns, where the random glue, pairing private clusters with
 no tie to the class, leaves it to the shared block alone. On horizontal data every class's
 density pools all clients' PCs of that class, where a per-client choice between the class split
-and the joint model, made on a client's few held-out rows, is noisy on small clients. On vertical data the
+and the joint model, made on a client's few held-out rows, is noisy on small clients (breast
+cancer, 45-230 rows per client: accuracy 0.88-0.92 on a hard test split, 0.95-0.97 pooled);
+from 1,000 rows per client that choice is sound, and the joint model it picks on Income and
+Give Me Some Credit gives a higher macro F1 than the class split (0.75 against 0.73, 0.68
+against 0.67). On vertical data the
 other clients' subspaces are k-means clustered (K = 4) and joined with every class
 (combinatorial weights), and exact distributed EM (``--refine em``, 10 iterations, per-sample
 values and flows over the aligned rows; :func:`default_refine`) learns how the classes and those
@@ -198,20 +203,27 @@ CLASS_GLUE_EM_ITERS = 10
 """EM iterations the ``class`` glue runs by default on vertical data (``--em-iters`` wins)."""
 
 
-def default_glue(setting: str, target_holders: int, n_clients: int) -> str:
+HORIZONTAL_CLASS_GLUE_ROWS = 1000
+"""Horizontal data takes the ``class`` glue while its smallest client has fewer training rows."""
+
+
+def default_glue(setting: str, target_holders: int, n_clients: int, min_rows: int = 0) -> str:
     """The glue when ``--glue`` is not given (module doc): ``class`` on vertical data with a
-    target and on horizontal and hybrid data whose every client holds the target (two clients
-    or more), else the paper's ``random``.
+    target, on hybrid data whose every client holds the target, and on horizontal data (two
+    clients or more, all holding the target) with a client of fewer than
+    :data:`HORIZONTAL_CLASS_GLUE_ROWS` training rows; else the paper's ``random``.
 
     Args:
         setting: the shards' setting.
         target_holders: clients holding the classification target (0: none, or no target).
         n_clients: clients in the federation.
+        min_rows: the smallest client's training rows.
     """
     if setting == "vertical" and target_holders >= 1:
         return "class"
-    if setting in ("horizontal", "hybrid") and n_clients > 1 and target_holders == n_clients:
-        return "class"
+    if n_clients > 1 and target_holders == n_clients:
+        if setting == "hybrid" or (setting == "horizontal" and int(min_rows) < HORIZONTAL_CLASS_GLUE_ROWS):
+            return "class"
     return "random"
 
 
@@ -262,8 +274,8 @@ RULE_HELP = (
     "rows (the shard's validation rows, else a fifth of its rows), between splitting its rows by "
     "the target first (target_first) and the joint LearnSPN with Gaussian leaves. K (--clusters) "
     "is 1 for the subspace holding the target and for a one-client federation, else 2. The glue is "
-    "'class' on horizontal and hybrid data whose every client holds the target and on vertical data "
-    "with a target "
+    "'class' on vertical data with a target, on hybrid data whose every client holds it and on "
+    "horizontal data whose smallest client has fewer than 1,000 rows "
     "(the target's holders split their rows by class; on vertical data the other clients' subspaces "
     "get K = 4 and --refine em runs 10 iterations), else 'random'. Explicit flags and --hp keys "
     "always win; the values used are in the "

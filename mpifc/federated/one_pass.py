@@ -665,7 +665,7 @@ class OnePassBuilder:
             raise UserError(f"--products {self.n_products} < --clusters {k_max}: every "
                             f"cluster-PC must be the child of at least one product")
         return FederationPlan(features, meta, cats, subs, tasks, by_index, glue,
-                              k_max if glue == "class" else self.plan_clusters(k_max),
+                              n_classes if glue == "class" else self.plan_clusters(k_max),
                               self.n_products, self.seed, target, setting, dict(self.hyperparameters),
                               defaults=self.defaults)
 
@@ -678,7 +678,7 @@ class OnePassBuilder:
         from mpifc.federated.defaults import default_glue
 
         holders = sum(1 for d in decls if target is not None and target in d.features)
-        return default_glue(setting, holders, len(decls))
+        return default_glue(setting, holders, len(decls), min(int(d.n_rows) for d in decls))
 
     @staticmethod
     def _check_class_glue(decls: Sequence[ClientDeclaration], meta: dict[str, str], cats: dict[str, int],

@@ -73,7 +73,9 @@ def test_vertical_em_ties_the_clusters_to_the_classes():
 
 def test_defaults_choose_the_class_glue_for_classification():
     assert default_glue("vertical", 1, 3) == "class"
-    assert default_glue("hybrid", 2, 2) == "class" and default_glue("horizontal", 3, 3) == "class"
+    assert default_glue("hybrid", 2, 2, 5000) == "class" and default_glue("horizontal", 3, 3, 999) == "class"
+    # from 1,000 rows per client a client's own held-out choice of model decides
+    assert default_glue("horizontal", 3, 3, 1000) == "random"
     assert default_glue("hybrid", 1, 2) == "random"  # a label owner on hybrid data
     assert default_glue("central", 1, 1) == "random" and default_glue("horizontal", 0, 3) == "random"
     assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "flat") == ("em", 10)
