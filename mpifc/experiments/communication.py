@@ -220,8 +220,8 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
                            "yes" if c["splitnn_claim"] else "no", f"{c['splitnn_claim_from_samples']:.2g}"])
     sc = cc.PAPER
     md = provenance("Communication cost of training: measured against closed forms", seeds, quick, {
-        "runs": f"as table7's runs: FedPC (K={CLUSTERS}, P={PRODUCTS}, Table 4 settings and glue), FedAvg K={rounds} "
-                f"rounds, SplitNN E={epochs} epochs F={cut}",
+        "runs": f"FedPC with Table 4's settings and glue (K={CLUSTERS}, P={PRODUCTS}); FedAvg K={rounds} rounds and "
+                f"SplitNN E={epochs} epochs F={cut}, the same runs as table7's",
         "measured": "ledger payload bytes (FedPC: fc.train.model + fc.train.counts [+ cluster_ids]; baselines: "
                     "phase train)",
         "formula": "mpifc.analysis.commcost; FedPC: sum of the client PCs' array bytes (parameters + structure, "

@@ -243,9 +243,10 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
     from mpifc.atomic import atomic_write_text
 
     files.append(atomic_write_text(out / "table7.md", md))
-    rounds = b["rounds"]
-    note = (f"seeds {','.join(str(s) for s in seeds)}; rows: {f'at most {rows}' if rows else 'all'}; "
-            f"FedAvg K={rounds} rounds, SplitNN E={b['epochs']} epochs" + (" -- quick (smoke test)" if quick else ""))
+    ran = {r["method"] for r in records if r.get("status") == OK}
+    budget = [f"FedAvg K={b['rounds']} rounds"] * ("fedavg" in ran) + [f"SplitNN E={b['epochs']} epochs"] * ("splitnn" in ran)
+    note = (f"seeds {','.join(str(s) for s in seeds)}; rows: {f'at most {rows}' if rows else 'all'}"
+            + "".join(f"; {x}" for x in budget) + (" -- quick (smoke test)" if quick else ""))
     files.append(plot(out / "table7.png", agg, datasets, grid, note))
     return {"files": [str(f) for f in files], "counts": counts, "markdown": md, "records": records,
             "aggregate": agg}
@@ -291,8 +292,9 @@ def plot(path: Path, agg: list[dict[str, Any]], datasets: Sequence[str], grid: S
             for j, m in enumerate(ms):
                 a = by.get((ds, st, k, m))
                 ok = a is not None and a["status"] == OK
+                # a method not run here gets no bar and no legend entry (its paper tick stays)
                 ax.bar(x + j * 0.25, a["f1_mean"] if ok else 0.0, 0.25, yerr=a["f1_std"] if ok else None,
-                       color=colors[m], label=LABELS[m] if (st, k) == grid[0] or m not in ("fc-pc", "fc-dt") else None)
+                       color=colors[m], label=LABELS[m] if ok else None)
                 p = paper.table7_paper(st, m, k, ds, "f1")
                 if p:
                     ax.plot([x + j * 0.25 - 0.1, x + j * 0.25 + 0.1], [p[0], p[0]], color="black", lw=2)

@@ -38,11 +38,10 @@ def test_default_flags_classify_breast_cancer(tmp_path, setting, clients):
     # = class code, nothing to split inside); on vertical data the others' rows are in K = 4
     # k-means clusters, tied to the classes by exact EM
     assert fc.meta["glue"] == "class"
-    features = {(n.leaf.client, n.leaf.subspace): n.leaf.features for n in fc.leaves}
     for client, rows in used.items():
         clusters: dict[int, set] = {}
         for pc in rows:
-            hp, cols = pc["hyperparameters"], features[(int(client), pc["subspace"])]
+            hp = pc["hyperparameters"]
             assert hp["col_split"] == "rdc" and hp["min_instances_slice"] < pc["n_rows"]
             assert "class_column" not in hp
             clusters.setdefault(pc["subspace"], set()).add(pc["cluster"])
