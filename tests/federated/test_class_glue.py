@@ -110,8 +110,17 @@ def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
     shards, model = tmp_path / "bc", tmp_path / "fc.h5"
     prep_run(["--dataset", "breast-cancer", "--setting", "vertical", "--clients", "2", "--seed", "1",
               "--out", str(shards)])
-    r = run_mpi(3, ["-m", "mpifc", "train", str(shards), "--seed", "1", "--model", str(model), "--json"], timeout=300)
+    audit = tmp_path / "audit"
+    r = run_mpi(3, ["-m", "mpifc", "train", str(shards), "--seed", "1", "--model", str(model), "--json",
+                    "--audit", str(audit)], timeout=300)
     assert r.returncode == 0, r.stderr
+    # the clients' per-sample messages are EM's values (and nothing else), allowed by the job;
+    # no whole raw column is among anything they sent
+    for rank in (1, 2):
+        summary = json.loads((audit / f"audit-rank{rank}.json").read_text())["summary"]
+        assert set(summary["per_sample"]) == {"fc.query.values"}, summary["per_sample"]
+        assert all(v["allowed"] for v in summary["per_sample"].values())
+        assert summary["raw_columns"] == 0 and not summary["shape_violations"]
     summary = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
     assert summary["glue"] == "class" and len(summary["em_train_ll"]) == 10
     mpi = mpifc.load(model)
