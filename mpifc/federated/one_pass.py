@@ -673,8 +673,8 @@ class OnePassBuilder:
         """The glue the plan uses: the user's, else the defaults' rule."""
         if self.glue is not None:
             return self.glue
-        if self.defaults != "adaptive":
-            return "random"
+        if self.defaults != "adaptive" or self.learner == "dt" or "dt" in self.learners.values():
+            return "random"  # FC[DT] (one tree per client, averaged) has no glue
         from mpifc.federated.defaults import default_glue
 
         holders = sum(1 for d in decls if target is not None and target in d.features)
