@@ -36,6 +36,8 @@ from mpifc.circuit.splitting import (
     clustering_features,
     split_columns_gtest,
     split_columns_rdc,
+    MIN_LEAF_ROWS,
+    absorb_small_clusters,
     split_rows,
     single_native_thread,
 )
@@ -423,7 +425,10 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
             prod = ProductNode(scope=list(range(x.shape[1])))
             top.add_child(prod, len(rows) / x.shape[0])
             prod.add_child(make_leaf(int(p.class_column), x[rows, p.class_column]))
-            queue.append(_Slice(rows, rest, prod.add_child, skip_col_split=p.cluster_first))
+            # a class of one row: its other columns take every row's distribution (a leaf
+            # fitted on that row alone would hold the row itself)
+            body = rows if len(rows) >= MIN_LEAF_ROWS else np.arange(x.shape[0])
+            queue.append(_Slice(body, rest, prod.add_child, skip_col_split=p.cluster_first))
     else:
         queue.append(_Slice(np.arange(x.shape[0]), np.arange(x.shape[1]), holder.append,
                             skip_col_split=p.cluster_first))
@@ -472,7 +477,7 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
                 continue
         seed = int(rng.integers(0, 2**31 - 1))
         feats = clustering_features(block, categorical[cols], cards[cols], info.cluster_scales[cols])
-        labels = split_rows(feats, p.row_split, p.n_clusters, seed, n_init=p.n_init)
+        labels = absorb_small_clusters(feats, split_rows(feats, p.row_split, p.n_clusters, seed, n_init=p.n_init))
         n_groups = int(labels.max()) + 1
         if n_groups < 2:
             factorise(rows, cols, task.attach)

@@ -219,3 +219,28 @@ def _gmm_labels(features: np.ndarray, k: int, n_init: int, seed: int) -> np.ndar
         gmm = GaussianMixture(n_components=k, covariance_type="diag", n_init=n_init,
                               random_state=seed, reg_covar=1e-6)
         return gmm.fit(features).predict(features)
+
+
+MIN_LEAF_ROWS = 2
+"""No slice of fewer rows is learned on its own: the leaves of a one-row slice are that row
+(every Gaussian mean one of its values), so the model a client sends would carry a raw row."""
+
+
+def absorb_small_clusters(feats: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``labels`` ``(n,)`` (``0..m-1``) with every cluster of fewer than :data:`MIN_LEAF_ROWS`
+    rows merged into the cluster whose mean (in ``feats``) is nearest, relabelled ``0..m'-1`` in
+    order of first appearance; unchanged where no cluster is that small. One cluster left: all 0."""
+    counts = np.bincount(labels)
+    small = counts < MIN_LEAF_ROWS
+    if not small.any():
+        return labels
+    keep = np.flatnonzero(~small)
+    out = labels.copy()
+    if len(keep):
+        means = np.stack([feats[labels == k].mean(axis=0) for k in keep])
+        for i in np.flatnonzero(small[labels]):
+            out[i] = keep[int(np.argmin(((means - feats[i]) ** 2).sum(axis=1)))]
+    else:
+        out[:] = 0
+    _, first, inverse = np.unique(out, return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse].astype(labels.dtype)

@@ -226,12 +226,14 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     # With native pools at one thread, as LearnSPN's own k-means: Lloyd's partial sums depend on
     # the OpenMP thread count, so the labels (and the model) would otherwise depend on the
     # machine's cores in near-ties; the same seed gives the same clusters everywhere.
-    from mpifc.circuit.splitting import kmeans_labels, single_native_thread
+    from mpifc.circuit.splitting import absorb_small_clusters, kmeans_labels, single_native_thread
 
     scale = x.std(axis=0)
     z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
     with single_native_thread():
         labels = kmeans_labels(z, k, 3, seed)
+    # a cluster of one row would be a PC of that row alone: it joins the nearest cluster
+    labels = absorb_small_clusters(z, np.unique(labels, return_inverse=True)[1].astype(np.int64))
     # Relabel by first appearance so ids are compact and independent of k-means' numbering.
     _, first = np.unique(labels, return_index=True)
     order = np.argsort(first)
@@ -520,17 +522,21 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
 
 def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray, y: np.ndarray,
                   fit: Callable[..., Any], floors: Any) -> list[LeafReport]:
-    """The ``class`` glue's PCs of one task: one per class the client holds rows of (cluster id =
-    class code). A single-owner subspace also needs one for every other class: its PC over all
-    the client's rows stands in (its row count then says so: it is not the class's)."""
+    """The ``class`` glue's PCs of one task: one per class the client holds at least
+    ``MIN_LEAF_ROWS`` rows of (cluster id = class code). A single-owner subspace without the
+    target also needs one for every other class: its PC over all the client's rows stands in (its
+    row count then says so: it is not the class's)."""
+    from mpifc.circuit.splitting import MIN_LEAF_ROWS
+
     codes = np.rint(y).astype(np.int64)
     out = []
     whole = None
     for k in range(int(t.n_clusters)):
         rows = xs[codes == k]
-        if not len(rows):
-            if plan.subspaces[t.subspace].shared:
-                continue  # the subspace's other owners hold the class
+        # a class of one row is no PC of its own: one fitted on that row would be the row
+        if len(rows) < MIN_LEAF_ROWS:
+            if plan.subspaces[t.subspace].shared or plan.target in t.features:
+                continue  # the subspace's other owners hold the class, or it is left out
             if whole is None:
                 whole = fit_pc(fit, plan, t, xs, derive_seed(t.seed, 0x616C6C), var_min_var=floors)
             out.append(LeafReport(client, t.subspace, k, len(xs), t.learner, t.features, copy.deepcopy(whole)))

@@ -115,12 +115,12 @@ def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
                     "--audit", str(audit)], timeout=300)
     assert r.returncode == 0, r.stderr
     # the clients' per-sample messages are EM's values (and nothing else), allowed by the job;
-    # no whole raw column is among anything they sent
+    # no raw row or column is among anything they sent
     for rank in (1, 2):
         summary = json.loads((audit / f"audit-rank{rank}.json").read_text())["summary"]
         assert set(summary["per_sample"]) == {"fc.query.values"}, summary["per_sample"]
         assert all(v["allowed"] for v in summary["per_sample"].values())
-        assert summary["raw_columns"] == 0 and not summary["shape_violations"]
+        assert summary["raw_rows"] == summary["raw_columns"] == 0 and not summary["shape_violations"]
     summary = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
     assert summary["glue"] == "class" and len(summary["em_train_ll"]) == 10
     mpi = mpifc.load(model)
