@@ -66,6 +66,23 @@ def proc_state(pid: int) -> str | None:
     return text[end + 2: end + 3] if end >= 0 else None
 
 
+PF_EXITING = 0x4
+"""The kernel's per-task flag (``/proc/PID/stat`` field 9) of a process inside ``exit``."""
+
+
+def exiting(pid: int) -> bool:
+    """Whether process ``pid`` is on its way out: gone, a zombie, or inside ``exit`` (killed, its
+    exit not yet complete)."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return True
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_EXITING)
+    except (IndexError, ValueError):
+        return False
+
+
 def remove_partial(target: str) -> None:
     """Remove a partial output file and the temp files an atomic write of it left beside it."""
     folder, name = os.path.split(target)
@@ -200,6 +217,11 @@ class Sentinel:
             if not self.has(f"rank-{rank}.end"):
                 lost.append(rank)
         if lost and not self.failed:
+            # A rank killed by a signal makes the launcher kill the others, and one of those may
+            # finish exiting first: every rank already on its way out without its end mark is
+            # named with the lost one (the first to die among them cannot be told apart).
+            lost = sorted(set(lost) | {r for r, w in self.watched.items()
+                                       if not w.ended and not self.has(f"rank-{r}.end") and exiting(w.pid)})
             if not self.has("abort"):
                 who = f"rank {lost[0]}" if len(lost) == 1 else "ranks " + ", ".join(str(r) for r in lost)
                 phases = sorted({self.phase(r) for r in lost})
