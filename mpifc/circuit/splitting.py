@@ -16,8 +16,9 @@ import numpy as np
 from mpifc.circuit.kmeans import ClusteringWarning, kmeans_labels
 from mpifc.circuit.rdc import RDC_K, gtest_dependent, rdc_matrix
 
-__all__ = ["ClusteringWarning", "clustering_features", "dependency_components", "kmeans_labels",
-           "single_native_thread", "split_columns_gtest", "split_columns_rdc", "split_rows"]
+__all__ = ["MIN_LEAF_ROWS", "ClusteringWarning", "absorb_small_clusters", "clustering_features",
+           "dependency_components", "first_appearance", "kmeans_labels", "single_native_thread",
+           "split_columns_gtest", "split_columns_rdc", "split_rows"]
 
 
 _CLOSURE_MAX_D = 64
@@ -201,9 +202,14 @@ def split_rows(
         else:
             labels = _gmm_labels(features, k, n_init, seed)
     # Relabel by first appearance so that empty clusters vanish and labels are canonical.
+    return first_appearance(labels)
+
+
+def first_appearance(labels: np.ndarray) -> np.ndarray:
+    """``labels`` renumbered ``0..m-1`` (int64) in the order their values first appear: ids
+    compact, whatever the clustering's own numbering."""
     _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(np.argsort(first))
-    return order[inverse].astype(np.int64)
+    return np.argsort(np.argsort(first))[inverse].astype(np.int64)
 
 
 def _gmm_labels(features: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
@@ -242,5 +248,4 @@ def absorb_small_clusters(feats: np.ndarray, labels: np.ndarray) -> np.ndarray:
             out[i] = keep[int(np.argmin(((means - feats[i]) ** 2).sum(axis=1)))]
     else:
         out[:] = 0
-    _, first, inverse = np.unique(out, return_index=True, return_inverse=True)
-    return np.argsort(np.argsort(first))[inverse].astype(labels.dtype)
+    return first_appearance(out).astype(labels.dtype)

@@ -207,7 +207,8 @@ HORIZONTAL_CLASS_GLUE_ROWS = 1000
 """Horizontal data takes the ``class`` glue while its smallest client has fewer training rows."""
 
 
-def default_glue(setting: str, target_holders: int, n_clients: int, min_rows: int = 0) -> str:
+def default_glue(setting: str, target_holders: int, n_clients: int, min_rows: int = 0,
+                 learners: Sequence[str] = ()) -> str:
     """The glue when ``--glue`` is not given (module doc): ``class`` on vertical data with a
     target, on hybrid data whose every client holds the target, and on horizontal data (two
     clients or more, all holding the target) with a client of fewer than
@@ -218,7 +219,11 @@ def default_glue(setting: str, target_holders: int, n_clients: int, min_rows: in
         target_holders: clients holding the classification target (0: none, or no target).
         n_clients: clients in the federation.
         min_rows: the smallest client's training rows.
+        learners: the clients' learners (FC[DT], ``dt``, averages one tree per client at the
+            root: no glue applies, and the paper's is recorded).
     """
+    if "dt" in learners:
+        return "random"
     if setting == "vertical" and target_holders >= 1:
         return "class"
     if n_clients > 1 and target_holders == n_clients:

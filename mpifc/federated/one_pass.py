@@ -226,20 +226,15 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     # With native pools at one thread, as LearnSPN's own k-means: Lloyd's partial sums depend on
     # the OpenMP thread count, so the labels (and the model) would otherwise depend on the
     # machine's cores in near-ties; the same seed gives the same clusters everywhere.
-    from mpifc.circuit.splitting import absorb_small_clusters, kmeans_labels, single_native_thread
+    from mpifc.circuit.splitting import absorb_small_clusters, first_appearance, kmeans_labels, single_native_thread
 
     scale = x.std(axis=0)
     z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
     with single_native_thread():
         labels = kmeans_labels(z, k, 3, seed)
-    # a cluster of one row would be a PC of that row alone: it joins the nearest cluster
-    labels = absorb_small_clusters(z, np.unique(labels, return_inverse=True)[1].astype(np.int64))
-    # Relabel by first appearance so ids are compact and independent of k-means' numbering.
-    _, first = np.unique(labels, return_index=True)
-    order = np.argsort(first)
-    remap = np.empty(labels.max() + 1, dtype=np.int64)
-    remap[np.unique(labels)[order]] = np.arange(len(order))
-    return remap[labels]
+    # Ids by first appearance (compact, independent of k-means' numbering); a cluster of one row
+    # would be a PC of that row alone: it joins the nearest cluster.
+    return absorb_small_clusters(z, first_appearance(labels))
 
 
 # -- cluster ids on the wire (cooccurrence glue) -----------------------------------------------
@@ -679,12 +674,13 @@ class OnePassBuilder:
         """The glue the plan uses: the user's, else the defaults' rule."""
         if self.glue is not None:
             return self.glue
-        if self.defaults != "adaptive" or self.learner == "dt" or "dt" in self.learners.values():
-            return "random"  # FC[DT] (one tree per client, averaged) has no glue
+        if self.defaults != "adaptive":
+            return "random"
         from mpifc.federated.defaults import default_glue
 
         holders = sum(1 for d in decls if target is not None and target in d.features)
-        return default_glue(setting, holders, len(decls), min(int(d.n_rows) for d in decls))
+        learners = [self.learners.get(d.index, self.learner) for d in decls]
+        return default_glue(setting, holders, len(decls), min(int(d.n_rows) for d in decls), learners)
 
     @staticmethod
     def _check_class_glue(decls: Sequence[ClientDeclaration], meta: dict[str, str], cats: dict[str, int],

@@ -57,8 +57,7 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
     learners = [(cfg.get("client_learners") or {}).get(c, cfg.get("learner") or "learnspn") for c in range(n)]
     if cfg.get("glue") is None:
         rows = min((int(c.get("n_train") or 0) for c in manifest.clients), default=0)
-        # FC[DT] averages one tree per client at the root: no glue applies, the paper's is recorded
-        cfg["glue"] = "random" if "dt" in learners else default_glue(manifest.setting, holders, n, rows)
+        cfg["glue"] = default_glue(manifest.setting, holders, n, rows, learners)
     if cfg.get("refine") is None:
         refine, iters = default_refine(manifest.setting, cfg["glue"], holders, n, learners,
                                        cfg.get("assign") or "flat")
