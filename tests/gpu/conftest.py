@@ -14,13 +14,6 @@ from tests.baselines.fixtures import make_shards
 
 
 @pytest.fixture(scope="session")
-def bc_h2(tmp_path_factory):
-    """Breast cancer, seed 0, 2 horizontal clients."""
-    return make_shards(tmp_path_factory.mktemp("gpu-h2") / "h2", dataset="breast-cancer", setting="horizontal",
-                       clients=2, seed=0)
-
-
-@pytest.fixture(scope="session")
 def bc_h1(tmp_path_factory):
     """Breast cancer, seed 0, one client (horizontal FedAvg and vertical SplitNN alike)."""
     return make_shards(tmp_path_factory.mktemp("gpu-h1") / "h1", dataset="breast-cancer", setting="horizontal",

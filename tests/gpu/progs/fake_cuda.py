@@ -5,7 +5,6 @@ Environment:
   FAKE_GPUS=N         torch reports N CUDA devices (default 2; 0: none, CUDA is not available)
   SPY_DIR=DIR         every rank appends what reached it to DIR/rank-R.jsonl: ``{"at": where,
                       "device": the device string it was given, ...}``
-  FAKE_OOM_RANK=R     rank R runs out of memory in its first EiNet E-step (torch.OutOfMemoryError)
 
 The device string travels unchanged from ``--device`` to the torch learners (``einet``,
 ``ratspn``), the placement of loaded leaf PCs and the baselines' MLPs, which record it and then
@@ -87,24 +86,11 @@ def spy_baselines() -> None:
     mlp.on_device = spy
 
 
-def plant_oom(rank: int) -> None:
-    if _rank() != rank:
-        return
-    from mpifc.circuit.einet.model import EiNet
-
-    def oom(self, x, sw):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-
-    EiNet._chunk_statistics = oom
-
-
 def main() -> None:
     fake_gpus(int(os.environ.get("FAKE_GPUS", "2")))
     spy_learners()
     spy_placement()
     spy_baselines()
-    if os.environ.get("FAKE_OOM_RANK"):
-        plant_oom(int(os.environ["FAKE_OOM_RANK"]))
     from mpifc.cli import main as cli_main
 
     sys.exit(cli_main(sys.argv[1:]))
