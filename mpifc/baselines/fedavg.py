@@ -45,7 +45,8 @@ class FedAvgConfig:
         deadline: seconds any send/receive may wait.
         save_params: rank 0 writes the final global parameters ``(M,)`` here (``.npy``).
         device: ``--device`` of every rank (auto, cpu, cuda, cuda:N): where its MLP trains;
-            parameters travel as CPU arrays of ``dtype`` whatever the device.
+            parameters travel as CPU arrays of ``dtype`` whatever the device. None: the command
+            line's default (auto, or ``$MPIFC_DEVICE``).
     """
 
     dir: str
@@ -59,7 +60,7 @@ class FedAvgConfig:
     dtype: str = "float32"
     deadline: float = 300.0
     save_params: str | None = None
-    device: str = "auto"
+    device: str | None = None
 
     def check(self) -> None:
         """UserError naming the first bad field."""
@@ -78,7 +79,8 @@ class FedAvgConfig:
         argv = [self.dir, "--rounds", str(self.rounds), "--local-epochs", str(self.local_epochs),
                 "--fraction", repr(self.fraction), "--batch-size", str(self.batch_size), "--lr", repr(self.lr),
                 "--hidden", ",".join(map(str, self.hidden)), "--seed", str(self.seed), "--dtype", self.dtype,
-                "--deadline", repr(self.deadline), "--device", self.device]
+                "--deadline", repr(self.deadline)]
+        argv += ["--device", self.device] if self.device else []
         return argv + (["--save-params", self.save_params] if self.save_params else [])
 
 

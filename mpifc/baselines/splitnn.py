@@ -56,6 +56,7 @@ class SplitNNConfig:
             ``bottom-<c>.npy``); local files only, nothing extra is sent.
         device: ``--device`` of every rank (auto, cpu, cuda, cuda:N): where its MLP computes;
             activations and gradients travel as CPU arrays of ``dtype`` whatever the device.
+            None: the command line's default (auto, or ``$MPIFC_DEVICE``).
     """
 
     dir: str
@@ -69,7 +70,7 @@ class SplitNNConfig:
     dtype: str = "float32"
     deadline: float = 300.0
     save_params: str | None = None
-    device: str = "auto"
+    device: str | None = None
 
     def check(self) -> None:
         """UserError naming the first bad field."""
@@ -86,7 +87,8 @@ class SplitNNConfig:
         argv = [self.dir, "--epochs", str(self.epochs), "--cut", str(self.cut), "--batch-size", str(self.batch_size),
                 "--lr", repr(self.lr), "--bottom-hidden", ",".join(map(str, self.bottom_hidden)),
                 "--top-hidden", ",".join(map(str, self.top_hidden)), "--seed", str(self.seed),
-                "--dtype", self.dtype, "--deadline", repr(self.deadline), "--device", self.device]
+                "--dtype", self.dtype, "--deadline", repr(self.deadline)]
+        argv += ["--device", self.device] if self.device else []
         return argv + (["--save-params", self.save_params] if self.save_params else [])
 
 
