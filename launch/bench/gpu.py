@@ -76,17 +76,17 @@ SHARES = {"facts": 0.01, "portability": 0.12, "einet_mnist": 0.22, "fedpc_mnist"
 class Budget:
     """The run's deadline, and each section's slice of what is left."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, sections: list[str]) -> None:
         self.t0 = time.monotonic()
         self.end = self.t0 + seconds
+        self.sections = [n for n in SHARES if n in sections]
 
     def left(self) -> float:
         return max(0.0, self.end - time.monotonic())
 
     def section(self, name: str) -> float:
         """Seconds for section ``name``: its share of what is left among the sections still to run."""
-        names = list(SHARES)
-        rest = sum(SHARES[n] for n in names[names.index(name):])
+        rest = sum(SHARES[n] for n in self.sections[self.sections.index(name):])
         return self.left() * SHARES[name] / rest
 
 
@@ -354,7 +354,7 @@ def portability(device: str, work: Path, seconds: float, quick: bool) -> dict[st
             f"np.save({str(work / 'cpu-ll.npy')!r}, m.log_likelihood(np.load({str(work / 'rows.npy')!r})))")
     r = run([sys.executable, "-c", code], seconds - (time.monotonic() - t0), env={"CUDA_VISIBLE_DEVICES": ""})
     if r["rc"] != 0:
-        out.update(status="failed", cpu_only_stderr=tail(r["stderr"]))
+        out.update(status="failed", cpu_only_timed_out=r["timed_out"], cpu_only_stderr=tail(r["stderr"]))
         return out
     there = np.load(work / "cpu-ll.npy")
     rel = float(np.max(np.abs(here - there) / np.maximum(np.abs(there), 1e-30)))
@@ -515,7 +515,9 @@ def fedpc_mnist(device: str, table: Any, work: Path, seconds: float, quick: bool
                "--device", device, "--deadline", "3600", "--liveness", "120", "--json", "--model", str(model),
                *[a for kk, v in hp.items() for a in ("--hp", f"{kk}={v}")]]
         threads = str(max(1, (os.cpu_count() or 1) // (c + 1)))
-        r = run(cmd, seconds - (time.monotonic() - t0) - 10, env={"OMP_NUM_THREADS": threads})
+        # a run may take half as long again as its share (the estimate is rough), never the rest of the section
+        r = run(cmd, min(seconds - (time.monotonic() - t0) - 10, max(1.5 * per_run, 60.0)),
+                env={"OMP_NUM_THREADS": threads})
         rec: dict[str, Any] = {"clients": c, "ranks": c + 1, "epochs": epochs, "wall_s": round(r["wall_s"], 2)}
         if r["rc"] != 0:
             rec.update(status="timed out" if r["timed_out"] else "failed", stderr=tail(r["stderr"]))
@@ -713,7 +715,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the script's every path in seconds")
     ap.add_argument("--sections", default=",".join(SHARES), help="comma-separated sections to run (default: all)")
     args = ap.parse_args()
-    budget = Budget(args.budget if args.budget else (120.0 if args.quick else 450.0))
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(SHARES))
+    if unknown:
+        print(f"gpu.py: --sections: unknown {', '.join(unknown)} (known: {', '.join(SHARES)})", file=sys.stderr)
+        return 2
+    budget = Budget(args.budget if args.budget else (120.0 if args.quick else 450.0), wanted)
     import torch
 
     device = args.device
@@ -725,7 +732,6 @@ def main() -> int:
         device = "cuda:0"
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device, "quick": args.quick,
                            "budget_s": budget.end - budget.t0, "skipped": [], "notes": []}
     work = Path(tempfile.mkdtemp(prefix="mpifc-gpu-"))

@@ -62,7 +62,7 @@ def test_no_tensor_is_made_off_the_model_device(case):
     try:
         got = _answers(*_fit(case))
     finally:
-        torch.set_default_device("cpu")
+        torch.set_default_device(None)  # no default-device mode left behind
     for a, b in zip(want, got):
         np.testing.assert_array_equal(a, b)
 
