@@ -46,7 +46,7 @@ def test_summary_line_groups_ranks_by_device():
                                          "GPU peak per rank up to 1.50 GiB")
 
 
-def test_command_line_refuses_a_malformed_device_in_one_line(capsys):
+def test_command_line_refuses_a_malformed_device_with_exit_code_2(capsys):
     from mpifc.cli import main
 
     with pytest.raises(SystemExit) as e:
@@ -64,3 +64,23 @@ def test_api_refuses_a_missing_gpu_before_any_work(no_gpu, tmp_path):
         mpifc.simulate(tmp_path / "no-shards", learner="einet", device="cuda")
     with pytest.raises(UserError, match=r"device='cuda:0' on host \S+: CUDA is not available"):
         mpifc.load(tmp_path / "never-written.h5", device="cuda:0")
+
+
+def test_experiment_passes_the_device_to_the_jobs_it_starts(monkeypatch, tmp_path):
+    from mpifc.cli import parse_args
+    from mpifc.cli.experiment import experiment_main
+    from mpifc.experiments import registry
+
+    seen = {}
+
+    class Experiment:
+        help = "records what a job it launched now would get"
+
+        def run(self, out, seeds, quick, **opts):
+            seen["device"] = parse_args(["train", "shards", "--model", "m.h5"]).device  # a job's command line
+            return {}
+
+    monkeypatch.setattr(registry, "get", lambda name: Experiment())
+    monkeypatch.setenv("MPIFC_DEVICE", "auto")  # restored (removed) after the test
+    experiment_main(parse_args(["experiment", "any", "--device", "cuda:1", "--out", str(tmp_path), "--quick"]))
+    assert seen == {"device": "cuda:1"}

@@ -28,11 +28,10 @@ MIXED = np.concatenate([REAL[:, :3], CODES[:, :3]], 1)
 SMALL = {"num_sums": 2, "depth": 2, "repetitions": 2}
 IMAGE = np.concatenate([RNG.integers(0, 256, (N, 16)), RNG.integers(0, 10, (N, 1))], 1).astype(float)
 
+# Mixed leaves hold Gaussian and categorical slots; RAT-SPN's all-Gaussian leaves take a path of their own.
 CASES = {
     "ratspn-gaussian": ("ratspn", REAL, ["real"] * 6, None, {"em_iters": 2}),
-    "ratspn-categorical": ("ratspn", CODES, ["categorical"] * 6, [4] * 6, {"em_iters": 2}),
     "ratspn-mixed": ("ratspn", MIXED, ["real"] * 3 + ["categorical"] * 3, [0, 0, 0, 4, 4, 4], {"em_iters": 2}),
-    "einet-gaussian": ("einet", REAL, ["real"] * 6, None, {"epochs": 2, "batch_size": 32, **SMALL}),
     "einet-mixed": ("einet", MIXED, ["real"] * 3 + ["categorical"] * 3, [0, 0, 0, 4, 4, 4],
                     {"epochs": 2, "batch_size": 32, **SMALL}),
     "einet-pd-image-and-label": ("einet", IMAGE, ["discrete"] * 17, [256] * 16 + [10],
