@@ -201,16 +201,46 @@ def _is_dataframe(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "pandas" and hasattr(x, "columns")
 
 
-def load(path: str | os.PathLike) -> FederatedModel:
+def _check_device(device: str | None) -> None:
+    """Refuse, before any work, a ``device`` that is malformed or an explicit ``cuda``/``cuda:N``
+    that names no GPU of this machine."""
+    from mpifc.runtime.device import device_problem, wants_cuda
+
+    if wants_cuda(device):
+        problem = device_problem(0, device)
+        if problem:
+            import socket
+
+            raise UserError(f"device={device!r} on host {socket.gethostname()}: {problem}")
+
+
+def _device(device: str | None, needed: bool) -> str | None:
+    """This process's device as a string for ``device`` (auto, cpu, cuda, cuda:N) when a model
+    computes on torch (``needed``), else None (nothing resolved, torch not imported)."""
+    from mpifc.runtime.device import select_device
+
+    return str(select_device(0, device)) if needed else None
+
+
+def load(path: str | os.PathLike, device: str | None = "auto") -> FederatedModel:
     """A model file written by ``mpifc train`` (or :func:`simulate`), ready to query.
 
+    Args:
+        device: where its EiNet and RAT-SPN leaf PCs compute: ``"auto"`` (the default: the first
+            GPU where CUDA is there, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Other
+            leaves (LearnSPN, FC[DT], factorised) compute on the CPU. The file holds CPU arrays
+            whatever device trained it, so any device reads it.
+
     Raises:
-        UserError: a file that is not an mpifc model, naming it.
+        UserError: a file that is not an mpifc model, naming it; a device that is not there.
     """
+    from mpifc.federated.placement import needs_device, place_models
     from mpifc.federated.serialize import load_fc
 
+    _check_device(device)
     fc = load_fc(path, load_models=True)
     fc.validate(require_models=True)
+    place_models(fc, _device(device, needs_device(fc)))
     return FederatedModel(fc, path=str(path))
 
 
@@ -232,7 +262,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
              clusters: int | None = None, preset: str = "adaptive", products: int = 4, seed: int = 0, hyperparameters: Mapping[str, Any] | None = None,
              client_learners: Mapping[int, str] | None = None, assign: str = "flat", servers: int = 0,
              refine: str | None = None, em_iters: int | None = None,
-             model: str | os.PathLike | None = None) -> FederatedModel:
+             model: str | os.PathLike | None = None, device: str | None = "auto") -> FederatedModel:
     """One-pass FedPC training in this process, as ``mpifc train`` does it over MPI.
 
     Every client's fit runs the same code, on the same rows, with the same plan and seeds as in
@@ -248,6 +278,8 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
             in this process (vertical: on the clients' aligned rows; otherwise on pooled
             statistics).
         model: also write the model file here (atomically).
+        device: where EiNet and RAT-SPN clients fit (and the model then answers), as in
+            :func:`load`; LearnSPN, FC[DT] and factorised leaves fit on the CPU.
     """
     from data_prep.shards import load_manifest
     from mpifc.federated.assign import assign as assign_psi
@@ -262,6 +294,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     from mpifc.federated.defaults import PRESETS
     from mpifc.federated.one_pass import record_hyperparameters
 
+    _check_device(device)
     if preset not in PRESETS:
         raise UserError(f"preset={preset!r}: expected one of {', '.join(PRESETS)}")
     learners = {int(k): v for k, v in (client_learners or {}).items()}
@@ -285,12 +318,16 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
            "client_learners": learners, "hyperparameters": hp, "assign": assign,
            "refine": refine if refine is not None or preset == "adaptive" else "none", "em_iters": em_iters,
            "defaults": "adaptive" if preset == "adaptive" else "learner"}
+    from mpifc.federated.learners import takes_device
+    from mpifc.fedpc.train import job_learners
+
+    dev = _device(device, any(takes_device(name) for name in job_learners(cfg)))
     m = load_manifest(shards)
     resolve_glue_and_refine(cfg, m)
     datas = [read_client_data(shards, c) for c in range(m.n_clients)]
     builder = builder_from_config(cfg)
     plan = builder.plan([d.declaration for d in datas], m.feature_order, m.target, m.setting)
-    reports = [fit_client(client_plan(plan, c), c, d) for c, d in enumerate(datas)]
+    reports = [fit_client(client_plan(plan, c), c, d, device=dev) for c, d in enumerate(datas)]
     n_servers = servers if assign == "tree" else 0
     ranks = client_rank_map(range(m.n_clients), n_servers)
     fc = builder.assemble(plan, reports, ranks)

@@ -9,3 +9,12 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+class DeviceOutOfMemory(UserError):
+    """A model did not fit in its device's memory (CUDA out of memory).
+
+    The message names the device and the model's size in parameters; the failing rank is named
+    by the job runner. One line, no traceback, exit code 2: the remedy is a smaller model, a
+    smaller batch or another device, not a bug report.
+    """

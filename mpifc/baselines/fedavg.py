@@ -44,6 +44,9 @@ class FedAvgConfig:
         dtype: ``"float32"`` or ``"float64"``: parameters travel in it.
         deadline: seconds any send/receive may wait.
         save_params: rank 0 writes the final global parameters ``(M,)`` here (``.npy``).
+        device: ``--device`` of every rank (auto, cpu, cuda, cuda:N): where its MLP trains;
+            parameters travel as CPU arrays of ``dtype`` whatever the device. None: the command
+            line's default (auto, or ``$MPIFC_DEVICE``).
     """
 
     dir: str
@@ -57,6 +60,7 @@ class FedAvgConfig:
     dtype: str = "float32"
     deadline: float = 300.0
     save_params: str | None = None
+    device: str | None = None
 
     def check(self) -> None:
         """UserError naming the first bad field."""
@@ -76,6 +80,7 @@ class FedAvgConfig:
                 "--fraction", repr(self.fraction), "--batch-size", str(self.batch_size), "--lr", repr(self.lr),
                 "--hidden", ",".join(map(str, self.hidden)), "--seed", str(self.seed), "--dtype", self.dtype,
                 "--deadline", repr(self.deadline)]
+        argv += ["--device", self.device] if self.device else []
         return argv + (["--save-params", self.save_params] if self.save_params else [])
 
 
@@ -138,13 +143,14 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
         # torch is imported only now: a run refused on its declarations fails in a second, not ten
         import torch
 
-        from mpifc.baselines.mlp import get_flat, limit_threads, make_mlp, set_flat, sgd_epochs, torch_dtype
+        from mpifc.baselines.mlp import get_flat, limit_threads, make_mlp, on_device, set_flat, sgd_epochs, torch_dtype
 
         limit_threads(ctx.local_size)
         tdtype = torch_dtype(cfg.dtype)
-        x = torch.from_numpy(np.nan_to_num(data.x)).to(tdtype)
-        y = torch.from_numpy(data.y)
-        model = make_mlp(x.shape[1], cfg.hidden, k, cfg.seed, tdtype)
+        dev = ctx.device
+        x = on_device(torch.from_numpy(np.nan_to_num(data.x)).to(tdtype), dev)
+        y = on_device(torch.from_numpy(data.y), dev)
+        model = on_device(make_mlp(x.shape[1], cfg.hidden, k, cfg.seed, tdtype), dev)
         gen = shuffle_generator(cfg.seed, c)
         ctx.ledger.set_phase("train")
         for r in range(cfg.rounds):
@@ -170,11 +176,13 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
     counts = [int(d["n"]) for d in decl]
     import torch
 
-    from mpifc.baselines.mlp import get_flat, limit_threads, make_mlp, n_parameters, predict, set_flat, torch_dtype
+    from mpifc.baselines.mlp import (get_flat, limit_threads, make_mlp, n_parameters, on_device, predict, set_flat,
+                                     torch_dtype)
 
     limit_threads(ctx.local_size)
     tdtype = torch_dtype(cfg.dtype)
-    model = make_mlp(len(features), cfg.hidden, k, cfg.seed, tdtype)
+    dev = ctx.device
+    model = on_device(make_mlp(len(features), cfg.hidden, k, cfg.seed, tdtype), dev)
     theta = get_flat(model)
     ctx.ledger.set_phase("train")
     for r in range(cfg.rounds):
@@ -191,7 +199,7 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
     set_flat(model, theta)
     test = test_xy(m)
     cols = [test.features.index(f) for f in features]
-    y_pred = predict(model, torch.from_numpy(np.nan_to_num(test.x[:, cols])).to(tdtype))
+    y_pred = predict(model, on_device(torch.from_numpy(np.nan_to_num(test.x[:, cols])).to(tdtype), dev))
     return {"method": "fedavg", "dataset": m.dataset, "setting": m.setting, "n_clients": m.n_clients,
             **scores(test.y, y_pred), "rounds": cfg.rounds, "local_epochs": cfg.local_epochs,
             "fraction": cfg.fraction, "clients_per_round": len(sampled_clients(m.n_clients, cfg.fraction, cfg.seed, 0)),

@@ -10,7 +10,7 @@ reset at every FedAvg round and the equivalence with centralized training would 
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -84,6 +84,13 @@ def make_mlp(n_in: int, hidden: Sequence[int], n_out: int, seed: int,
     return model
 
 
+def on_device(obj: Any, device: Any) -> Any:
+    """A module or tensor moved to ``device`` (the rank's ``--device``); None: unchanged. Models
+    are built and seeded on the CPU, so the same seed gives the same initial network on every
+    device."""
+    return obj if device is None else obj.to(device)
+
+
 def n_parameters(model: nn.Module) -> int:
     """Number of scalar parameters ``M``."""
     return sum(p.numel() for p in model.parameters())
@@ -134,6 +141,7 @@ def sgd_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, 
     for _ in range(epochs):
         total, seen = 0.0, 0
         for idx in batch_indices(len(y), batch_size, generator):
+            idx = idx.to(x.device)  # drawn on the CPU (the same order on every device)
             model.zero_grad(set_to_none=True)
             loss = loss_fn(model(x[idx]), y[idx])
             loss.backward()

@@ -83,7 +83,9 @@ def run_baseline_job(rank_fn: Callable[[Any, Any], dict[str, Any] | None], cfg: 
 
     def job(ctx: Any) -> int:
         res = rank_fn(ctx, cfg)
+        devices = ctx.gather_device_facts()  # outside the ledger: the same bytes on any device
         if res is not None:
+            res["devices"] = devices
             holder["result"] = res
         return 0
 
@@ -99,4 +101,4 @@ def run_baseline_job(rank_fn: Callable[[Any, Any], dict[str, Any] | None], cfg: 
             on_result(res)
 
     return run_job(job, servers=1, min_clients=n_clients, deadline=cfg.deadline, ledger_csv=ledger_csv,
-                   on_ledger=on_ledger)
+                   on_ledger=on_ledger, device=getattr(cfg, "device", None))

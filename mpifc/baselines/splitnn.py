@@ -54,6 +54,9 @@ class SplitNNConfig:
         deadline: seconds any send/receive may wait.
         save_params: directory where each rank writes its final parameters (``top.npy``,
             ``bottom-<c>.npy``); local files only, nothing extra is sent.
+        device: ``--device`` of every rank (auto, cpu, cuda, cuda:N): where its MLP computes;
+            activations and gradients travel as CPU arrays of ``dtype`` whatever the device.
+            None: the command line's default (auto, or ``$MPIFC_DEVICE``).
     """
 
     dir: str
@@ -67,6 +70,7 @@ class SplitNNConfig:
     dtype: str = "float32"
     deadline: float = 300.0
     save_params: str | None = None
+    device: str | None = None
 
     def check(self) -> None:
         """UserError naming the first bad field."""
@@ -84,6 +88,7 @@ class SplitNNConfig:
                 "--lr", repr(self.lr), "--bottom-hidden", ",".join(map(str, self.bottom_hidden)),
                 "--top-hidden", ",".join(map(str, self.top_hidden)), "--seed", str(self.seed),
                 "--dtype", self.dtype, "--deadline", repr(self.deadline)]
+        argv += ["--device", self.device] if self.device else []
         return argv + (["--save-params", self.save_params] if self.save_params else [])
 
 
@@ -180,30 +185,32 @@ def _client(ctx: Any, cfg: SplitNNConfig, manifest: Any, c: int) -> None:
     import torch
     from torch import nn
 
-    from mpifc.baselines.mlp import batch_indices, get_flat, limit_threads, make_mlp, torch_dtype
+    from mpifc.baselines.mlp import batch_indices, get_flat, limit_threads, make_mlp, on_device, torch_dtype
 
     limit_threads(ctx.local_size)
     tdtype = torch_dtype(cfg.dtype)
-    bottom = make_mlp(len(train.features), cfg.bottom_hidden, cfg.cut, bottom_seed(cfg.seed, c), tdtype,
-                      out_activation=True)
-    x = torch.from_numpy(np.nan_to_num(train.x)).to(tdtype)
-    y = torch.from_numpy(train.y) if is_owner else None
+    dev = ctx.device
+    bottom = on_device(make_mlp(len(train.features), cfg.bottom_hidden, cfg.cut, bottom_seed(cfg.seed, c), tdtype,
+                                out_activation=True), dev)
+    x = on_device(torch.from_numpy(np.nan_to_num(train.x)).to(tdtype), dev)
+    y = on_device(torch.from_numpy(train.y), dev) if is_owner else None
     loss_fn = nn.CrossEntropyLoss()
     gen = batch_generator(cfg.seed)
     ctx.ledger.set_phase("train")
     for _ in range(cfg.epochs):
         for idx in batch_indices(len(x), cfg.batch_size, gen):
+            idx = idx.to(x.device)  # drawn on the CPU: the same batches on every device
             act = bottom(x[idx])
-            t.send(act.detach(), 0, P.SPLIT_ACT)
+            t.send(act.detach(), 0, P.SPLIT_ACT)  # CPU arrays on the wire, whatever the device
             if is_owner:
-                logits = t.recv_tensor(0, P.SPLIT_LOGITS).requires_grad_(True)
+                logits = on_device(t.recv_tensor(0, P.SPLIT_LOGITS), dev).requires_grad_(True)
                 loss_fn(logits, y[idx]).backward()
                 t.send(logits.grad, 0, P.SPLIT_LOGIT_GRAD)
-            act.backward(t.recv_tensor(0, P.SPLIT_GRAD))
+            act.backward(on_device(t.recv_tensor(0, P.SPLIT_GRAD), dev))
             sgd_step(bottom, cfg.lr)
     ctx.ledger.set_phase("evaluate")
     with torch.no_grad():
-        t.send(bottom(torch.from_numpy(np.nan_to_num(test.x)).to(tdtype)), 0, P.SPLIT_ACT)
+        t.send(bottom(on_device(torch.from_numpy(np.nan_to_num(test.x)).to(tdtype), dev)), 0, P.SPLIT_ACT)
     if is_owner:
         logits = t.recv(0, P.SPLIT_LOGITS)
         s = scores(test.y, logits.argmax(axis=1))
@@ -237,20 +244,23 @@ def _server(ctx: Any, cfg: SplitNNConfig, manifest: Any, ranks: dict[int, int]) 
     n, n_test = int(decl[0]["n_train"]), int(decl[0]["n_test"])
     import torch
 
-    from mpifc.baselines.mlp import batch_indices, get_flat, limit_threads, make_mlp, n_parameters, torch_dtype
+    from mpifc.baselines.mlp import batch_indices, get_flat, limit_threads, make_mlp, n_parameters, on_device, \
+        torch_dtype
 
     limit_threads(ctx.local_size)
     tdtype = torch_dtype(cfg.dtype)
-    top = make_mlp(cfg.cut * manifest.n_clients, cfg.top_hidden, k, top_seed(cfg.seed), tdtype)
+    dev = ctx.device
+    top = on_device(make_mlp(cfg.cut * manifest.n_clients, cfg.top_hidden, k, top_seed(cfg.seed), tdtype), dev)
     gen = batch_generator(cfg.seed)
     n_batches = 0
     ctx.ledger.set_phase("train")
     for _ in range(cfg.epochs):
         for idx in batch_indices(n, cfg.batch_size, gen):
-            acts = [t.recv_tensor(ranks[c], P.SPLIT_ACT).requires_grad_(True) for c in range(manifest.n_clients)]
+            acts = [on_device(t.recv_tensor(ranks[c], P.SPLIT_ACT), dev).requires_grad_(True)
+                    for c in range(manifest.n_clients)]
             logits = top(torch.cat(acts, dim=1))
             t.send(logits.detach(), ranks[owner], P.SPLIT_LOGITS)
-            logits.backward(t.recv_tensor(ranks[owner], P.SPLIT_LOGIT_GRAD))
+            logits.backward(on_device(t.recv_tensor(ranks[owner], P.SPLIT_LOGIT_GRAD), dev))
             for c, a in enumerate(acts):
                 t.send(a.grad, ranks[c], P.SPLIT_GRAD)
             sgd_step(top, cfg.lr)
@@ -258,7 +268,7 @@ def _server(ctx: Any, cfg: SplitNNConfig, manifest: Any, ranks: dict[int, int]) 
     train_seconds = time.perf_counter() - t0
     ctx.ledger.set_phase("evaluate")
     with torch.no_grad():
-        acts = [t.recv_tensor(ranks[c], P.SPLIT_ACT) for c in range(manifest.n_clients)]
+        acts = [on_device(t.recv_tensor(ranks[c], P.SPLIT_ACT), dev) for c in range(manifest.n_clients)]
         t.send(top(torch.cat(acts, dim=1)), ranks[owner], P.SPLIT_LOGITS)
     acc, f1 = t.recv(ranks[owner], P.SPLIT_SCORES).tolist()
     if cfg.save_params:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mpifc.circuit import graph as G
+from mpifc.circuit.device import guarded
 from mpifc.circuit.io import register_model
 from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, MIN_FLOW, Categorical, Gaussian, Leaf, Params
 from mpifc.errors import UserError
@@ -109,7 +110,7 @@ class MixedLeaves:
 
     @classmethod
     def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        disc = P["disc"].numpy()[idx] > 0
+        disc = P["disc"].cpu().numpy()[idx] > 0
         out = np.empty(len(idx))
         if (~disc).any():
             out[~disc] = Gaussian.batch_sample(_part(P, "g_"), idx[~disc], rng)
@@ -166,6 +167,9 @@ class RatSPN:
         var_min_var: Gaussian and mixed leaves: ``(n_vars,)`` per-variable variance floors, raised
             to ``leaf_kwargs["min_var"]`` (e.g. :func:`~mpifc.circuit.leaves.tie_variance_floors`);
             they live in the leaves' ``min_var`` parameters, so a saved model keeps them.
+        device: where the model computes (``cpu``, ``cuda``, ``cuda:N``); the structure and the
+            initial parameters are drawn on the CPU, so the same seed gives the same model on
+            every device (:meth:`to_device` moves a model; it is saved as CPU arrays).
     """
 
     model_type = "ratspn"
@@ -174,7 +178,7 @@ class RatSPN:
                  num_leaves: int = 4, num_roots: int = 1, leaf: str = "gaussian",
                  leaf_kwargs: dict[str, float] | None = None, product: str = "outer", seed: int = 0,
                  dtype: torch.dtype = torch.float64, scope: tuple[int, ...] | None = None,
-                 var_min_var: Any | None = None) -> None:
+                 var_min_var: Any | None = None, device: Any = "cpu") -> None:
         if depth < 1 or n_vars < 2 ** depth:
             raise UserError(f"RatSPN: need depth >= 1 and n_vars >= 2**depth, got n_vars={n_vars}, depth={depth}")
         if min(repetitions, num_sums, num_leaves, num_roots) < 1:
@@ -195,6 +199,7 @@ class RatSPN:
                         leaf=leaf, product=product, seed=int(seed))
         self.leaf_kwargs = dict(leaf_kwargs or {})
         self.dtype = dtype
+        self.device = torch.device("cpu")
         self.scope: tuple[int, ...] = tuple(range(n_vars)) if scope is None else tuple(int(v) for v in scope)
         if len(self.scope) != n_vars:
             raise UserError(f"RatSPN: scope has {len(self.scope)} entries for n_vars={n_vars}")
@@ -207,7 +212,7 @@ class RatSPN:
         for r in range(R):
             for g, part in enumerate(np.array_split(rng.permutation(n_vars), Gn)):
                 gidx[r, g, : len(part)] = part
-        self.gidx = torch.as_tensor(gidx)
+        self.gidx = torch.as_tensor(gidx, device="cpu")
         self.real = self.gidx < n_vars
         # Sum weights per level (R, F, J, K), Dirichlet(1) initialised.
         self.weights: list[torch.Tensor] = []
@@ -216,13 +221,35 @@ class RatSPN:
             F = Gn >> lev
             K = k_in * k_in if product == "outer" else k_in
             J = num_roots if lev == D else num_sums
-            self.weights.append(torch.as_tensor(rng.dirichlet(np.ones(K), size=(R, F, J)), dtype=dtype))
+            self.weights.append(torch.as_tensor(rng.dirichlet(np.ones(K), size=(R, F, J)), dtype=dtype, device="cpu"))
             k_in = J
-        self.root_weights = torch.as_tensor(rng.dirichlet(np.ones(R * num_roots)).reshape(R, num_roots), dtype=dtype)
+        self.root_weights = torch.as_tensor(rng.dirichlet(np.ones(R * num_roots)).reshape(R, num_roots), dtype=dtype,
+                                            device="cpu")
         self.leaf_cls: Any = _leaf_class(leaf)
         self.P: Params = self._init_leaves(rng)
         if var_min_var is not None and leaf in ("gaussian", "mixed"):
             self._raise_floors(np.asarray(var_min_var, dtype=np.float64))
+        self._place(torch.device(device))
+
+    def _place(self, device: torch.device) -> None:
+        """Move every tensor of the model to ``device`` in place."""
+        self.device = device
+        self.gidx, self.real = self.gidx.to(device), self.real.to(device)
+        self.weights = [W.to(device) for W in self.weights]
+        self.root_weights = self.root_weights.to(device)
+        self.P = {k: v.to(device) for k, v in self.P.items()}
+
+    @guarded("the move to the device", "a RAT-SPN")
+    def to_device(self, device: Any) -> "RatSPN":
+        """This model on ``device``: a copy whose tensors live there, or the model itself when it
+        is there already."""
+        dev = torch.device(device)
+        if dev == self.device:
+            return self
+        out = RatSPN.__new__(RatSPN)
+        out.__dict__.update(self.__dict__)
+        out._place(dev)
+        return out
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -242,8 +269,8 @@ class RatSPN:
             lo, hi = float(kw.get("min_var", 1e-6)), kw.get("max_var")
             hi = math.inf if hi is None else float(hi)
             LEAF_TYPES[name](0.0, 1.0, lo, hi)  # validates the hyper-parameters
-            f = lambda v: torch.full((n,), v, dtype=self.dtype)  # noqa: E731
-            return {"mean": torch.as_tensor(rng.standard_normal(n), dtype=self.dtype),
+            f = lambda v: torch.full((n,), v, dtype=self.dtype, device="cpu")  # noqa: E731
+            return {"mean": torch.as_tensor(rng.standard_normal(n), dtype=self.dtype, device="cpu"),
                     "var": f(min(max(1.0, lo), hi)), "min_var": f(lo), "max_var": f(hi)}
         if name == "mixed":
             return self._init_mixed(rng, n)
@@ -266,9 +293,9 @@ class RatSPN:
         if var_min_var.shape != (self.cfg["n_vars"],):
             raise UserError(f"RatSPN: var_min_var needs {self.cfg['n_vars']} entries, got {var_min_var.shape}")
         I = self._shape[3]
-        per_slot = np.repeat(np.concatenate([var_min_var, [0.0]])[self.gidx.numpy().reshape(-1)], I)
+        per_slot = np.repeat(np.concatenate([var_min_var, [0.0]])[self.gidx.cpu().numpy().reshape(-1)], I)
         pre = "g_" if self.cfg["leaf"] == "mixed" else ""
-        lo = torch.maximum(self.P[pre + "min_var"], torch.as_tensor(per_slot, dtype=self.dtype))
+        lo = torch.maximum(self.P[pre + "min_var"], torch.as_tensor(per_slot, dtype=self.dtype, device=self.device))
         lo = torch.minimum(lo, self.P[pre + "max_var"])
         self.P[pre + "min_var"] = lo
         self.P[pre + "var"] = self.P[pre + "var"].clamp_min(lo)
@@ -278,36 +305,38 @@ class RatSPN:
         kw = self.leaf_kwargs
         R, Gn, S, I = self._shape
         levels = np.array([int(v) for v in kw["var_levels"]] + [0])  # the padding column: real (always NaN)
-        slot_levels = np.repeat(levels[self.gidx.numpy().reshape(-1)], I)  # slot order (r, g, s, i)
+        slot_levels = np.repeat(levels[self.gidx.cpu().numpy().reshape(-1)], I)  # slot order (r, g, s, i)
         k_max = max(2, int(levels.max()))
         lo, hi = float(kw.get("min_var", 1e-6)), kw.get("max_var")
         hi = math.inf if hi is None else float(hi)
         LEAF_TYPES["gaussian"](0.0, 1.0, lo, hi)  # validates the hyper-parameters
-        f = lambda v: torch.full((n,), v, dtype=self.dtype)  # noqa: E731
-        g = {"mean": torch.as_tensor(rng.standard_normal(n), dtype=self.dtype),
+        f = lambda v: torch.full((n,), v, dtype=self.dtype, device="cpu")  # noqa: E731
+        g = {"mean": torch.as_tensor(rng.standard_normal(n), dtype=self.dtype, device="cpu"),
              "var": f(min(max(1.0, lo), hi)), "min_var": f(lo), "max_var": f(hi)}
         probs = np.zeros((n, k_max))
         lens = np.where(slot_levels > 0, slot_levels, k_max)
         for k in np.unique(lens):
             rows = np.flatnonzero(lens == k)
             probs[rows, :k] = rng.dirichlet(np.ones(k) * 5, rows.size)
-        c = {"probs": torch.as_tensor(probs, dtype=self.dtype), "len_probs": torch.as_tensor(lens, dtype=torch.int64),
+        c = {"probs": torch.as_tensor(probs, dtype=self.dtype, device="cpu"),
+             "len_probs": torch.as_tensor(lens, dtype=torch.int64, device="cpu"),
              "alpha": f(float(kw.get("alpha", 1e-3)))}
-        return _joined(g, c, torch.as_tensor((slot_levels > 0).astype(np.float64), dtype=self.dtype))
+        return _joined(g, c, torch.as_tensor((slot_levels > 0).astype(np.float64), dtype=self.dtype, device="cpu"))
 
     def _p4(self, name: str) -> torch.Tensor:
         """Scalar leaf parameter as ``(R, G, S, I)``."""
         return self.P[name].view(*self._shape)
 
     def _as_input(self, x: Any) -> torch.Tensor:
-        t = x.to(self.dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=self.dtype)
+        t = x.to(dtype=self.dtype, device=self.device) if isinstance(x, torch.Tensor) else \
+            torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=self.dtype, device=self.device)
         if t.dim() != 2 or t.shape[1] != self.cfg["n_vars"]:
             raise UserError(f"RatSPN input: expected shape (batch, {self.cfg['n_vars']}), got {tuple(t.shape)}")
         return t
 
     def _grouped(self, x: torch.Tensor) -> torch.Tensor:
         """Data per region slot ``(batch, R, G, S)`` (dummy slots NaN)."""
-        xe = torch.cat([x, torch.full((x.shape[0], 1), float("nan"), dtype=self.dtype)], 1)
+        xe = torch.cat([x, torch.full((x.shape[0], 1), float("nan"), dtype=self.dtype, device=x.device)], 1)
         return xe[:, self.gidx]
 
     # ------------------------------------------------------------------ leaf layer
@@ -329,11 +358,11 @@ class RatSPN:
         # statistics finite (1e151 in float64, 2e16 in float32).
         big = float(torch.finfo(self.dtype).max) ** 0.5 * 1e-3
         x0 = x0.clamp(-big, big)
-        zero = torch.zeros(1, B, dtype=self.dtype)
+        zero = torch.zeros(1, B, dtype=self.dtype, device=x.device)
         idx = self.gidx.reshape(-1)
         gx = torch.cat([x0.T, zero]).index_select(0, idx).view(R * Gn, S, B)
         nb = 2 + (2 if has_nan and max_mode else 1 if has_nan else 0)
-        feats = torch.empty(R * Gn, nb, S, B, dtype=self.dtype)
+        feats = torch.empty(R * Gn, nb, S, B, dtype=self.dtype, device=x.device)
         torch.mul(gx, gx, out=feats[:, 0])
         feats[:, 1] = gx
         if has_nan:
@@ -356,7 +385,7 @@ class RatSPN:
             blocks.append(const)
             if max_mode:
                 blocks.append(-0.5 * logv)
-            bias = torch.zeros(R * Gn, I, 1, dtype=self.dtype)
+            bias = torch.zeros(R * Gn, I, 1, dtype=self.dtype, device=self.device)
         else:
             # Every real slot is observed: its constant folds into one bias per region channel.
             bias = (const * self.real[..., None]).sum(2).reshape(R * Gn, I, 1)
@@ -423,11 +452,12 @@ class RatSPN:
         root = flat.amax(1) if max_mode else torch.logsumexp(flat, 1)
         return root, prods, ins
 
+    @guarded("the likelihood pass", "a RAT-SPN")
     @torch.no_grad()
     def log_likelihood(self, x: Any) -> np.ndarray:
         """``log p(x)`` float64 ``(batch,)`` nats; NaN entries marginalised."""
         t = self._as_input(x)
-        return self._upward(t)[0].to(torch.float64).numpy()
+        return self._upward(t)[0].to("cpu", torch.float64).numpy()
 
     # ------------------------------------------------------------------ top-down passes
 
@@ -442,7 +472,8 @@ class RatSPN:
         def pick(logits: torch.Tensor) -> torch.Tensor:
             if max_mode:
                 return logits.argmax(-1)
-            u = torch.as_tensor(rng.random(tuple(logits.shape)), dtype=self.dtype).clamp(1e-300, 1.0)
+            u = torch.as_tensor(rng.random(tuple(logits.shape)), dtype=self.dtype, device=logits.device)
+            u = u.clamp(1e-300, 1.0)
             return (logits - torch.log(-torch.log(u))).argmax(-1)
 
         D = len(self.weights)
@@ -456,7 +487,7 @@ class RatSPN:
             top = self._sum(prods[-1], lastW)[:, :, 0, :]
         rc = pick((top + torch.log(self.root_weights).clamp_min(LOG_ZERO)[None]).reshape(B, top.shape[1] * Kn))
         rep, ch = rc // Kn, rc % Kn
-        bidx = torch.arange(B)
+        bidx = torch.arange(B, device=x.device)
         chan = ch[:, None]  # chosen sum channel per region of the current level, (B, F)
         for lev in range(D - 1, -1, -1):
             W = self.weights[lev][rep]  # (B, F, J, K)
@@ -479,9 +510,10 @@ class RatSPN:
         """
         R, Gn, S, I = self._shape
         B = x.shape[0]
-        b = torch.arange(B)[:, None, None].expand(B, Gn, S)
-        g = torch.arange(Gn)[None, :, None].expand(B, Gn, S)
-        s = torch.arange(S)[None, None, :].expand(B, Gn, S)
+        dev = x.device
+        b = torch.arange(B, device=dev)[:, None, None].expand(B, Gn, S)
+        g = torch.arange(Gn, device=dev)[None, :, None].expand(B, Gn, S)
+        s = torch.arange(S, device=dev)[None, None, :].expand(B, Gn, S)
         r = rep[:, None, None].expand(B, Gn, S)
         i = chan[:, :, None].expand(B, Gn, S)
         col = self.gidx[r, g, s]
@@ -491,12 +523,14 @@ class RatSPN:
         out = x.clone()
         cur = out[b, col]
         if values is None:
-            draw = torch.as_tensor(self.leaf_cls.batch_sample(self.P, leaf_id.numpy(), rng), dtype=self.dtype)
+            draw = torch.as_tensor(self.leaf_cls.batch_sample(self.P, leaf_id.cpu().numpy(), rng),
+                                   dtype=self.dtype, device=dev)
         else:
             draw = values[leaf_id]
         out[b, col] = torch.where(torch.isnan(cur), draw, cur)
-        return out.numpy().astype(np.float64)
+        return out.cpu().numpy().astype(np.float64)
 
+    @guarded("the MPE", "a RAT-SPN")
     @torch.no_grad()
     def mpe(self, x: Any) -> np.ndarray:
         """NaN entries completed by max-product backtracking ``(batch, n_vars)``."""
@@ -504,12 +538,13 @@ class RatSPN:
         rep, chan = self._descend(t, True, None)
         return self._fill(t, rep, chan, self.leaf_cls.batch_mode(self.P).to(self.dtype))
 
+    @guarded("the sampling", "a RAT-SPN")
     @torch.no_grad()
     def sample(self, n: int, rng: np.random.Generator | int, evidence: Any | None = None) -> np.ndarray:
         """``n`` samples; non-NaN ``evidence`` entries are kept and conditioned on exactly."""
         rng = np.random.default_rng(rng)
         if evidence is None:
-            ev = torch.full((n, self.cfg["n_vars"]), float("nan"), dtype=self.dtype)
+            ev = torch.full((n, self.cfg["n_vars"]), float("nan"), dtype=self.dtype, device=self.device)
         else:
             ev = self._as_input(evidence)
             if ev.shape[0] != n:
@@ -519,12 +554,13 @@ class RatSPN:
 
     # ------------------------------------------------------------------ EM
 
+    @guarded("the E-step", "a RAT-SPN")
     def em_statistics(self, x: Any, sample_weight: Any | None = None) -> RatStats:
         """Expected counts from one forward and one backward pass; ``sample_weight`` ``(batch,)``."""
         t = self._as_input(x)
         B = t.shape[0]
-        sw = torch.ones(B, dtype=self.dtype) if sample_weight is None else torch.as_tensor(
-            np.asarray(sample_weight, dtype=np.float64), dtype=self.dtype).reshape(-1)
+        sw = torch.ones(B, dtype=self.dtype, device=self.device) if sample_weight is None else torch.as_tensor(
+            np.asarray(sample_weight, dtype=np.float64), dtype=self.dtype, device=self.device).reshape(-1)
         if sw.shape[0] != B or not bool(torch.all(torch.isfinite(sw) & (sw >= 0))):
             raise UserError(f"em_statistics: sample_weight must be ({B},), finite and >= 0")
         Ws = [W.clone().requires_grad_(True) for W in self.weights]
@@ -545,7 +581,7 @@ class RatSPN:
         lev_c = [(g * W).detach() for g, W in zip(grads[2:], self.weights)]
         with torch.no_grad():
             leaf = self._leaf_stats(t, flow, feats)
-        f64 = lambda a: a.double().numpy().copy()  # noqa: E731
+        f64 = lambda a: a.to("cpu", torch.float64).numpy().copy()  # noqa: E731
         return RatStats(f64(root_c), [f64(c) for c in lev_c], {k: f64(v) for k, v in leaf.items()},
                         float((sw * root.detach()).sum()), float(sw.sum()))
 
@@ -574,6 +610,7 @@ class RatSPN:
         w = flow[:, :, :, None, :].expand(B, R, Gn, S, I).reshape(B, R * Gn * S * I)
         return self.leaf_cls.batch_em_stats(self.P, xs, w)
 
+    @guarded("the M-step", "a RAT-SPN")
     @torch.no_grad()
     def apply_em(self, stats: RatStats, step_size: float = 1.0, sum_alpha: float = 0.0) -> None:
         """M-step, ``(1 - step_size) * old + step_size * new``; empty sums/leaves keep old values."""
@@ -583,7 +620,7 @@ class RatSPN:
             raise UserError("apply_em: statistics do not match this RAT-SPN")
 
         def upd(old: torch.Tensor, cnt: np.ndarray, axes: tuple[int, ...]) -> torch.Tensor:
-            c = torch.as_tensor(cnt, dtype=torch.float64) + sum_alpha
+            c = torch.as_tensor(cnt, dtype=torch.float64, device=self.device) + sum_alpha
             tot = c.sum(axes, keepdim=True)
             ok = tot > MIN_FLOW
             new = c / torch.where(ok, tot, torch.ones_like(tot))
@@ -593,7 +630,7 @@ class RatSPN:
 
         self.root_weights = upd(self.root_weights, stats.root, (0, 1))
         self.weights = [upd(W, c, (3,)) for W, c in zip(self.weights, stats.levels)]
-        st = {k: torch.as_tensor(v, dtype=self.dtype) for k, v in stats.leaf.items()}
+        st = {k: torch.as_tensor(v, dtype=self.dtype, device=self.device) for k, v in stats.leaf.items()}
         if self.leaf_cls.em_trainable:
             self.P = self.leaf_cls.batch_m_step(self.P, st, step_size)
 
@@ -612,7 +649,7 @@ class RatSPN:
     def to_graph(self) -> G.Node:
         """The same circuit as explicit nodes (for small models: tests, the compiled evaluator)."""
         R, Gn, S, I = self._shape
-        leaves = self.leaf_cls.unstack(self.P)
+        leaves = self.leaf_cls.unstack({k: v.cpu() for k, v in self.P.items()})
         D = len(self.weights)
         top: list[tuple[G.Node, float]] = []
         for r in range(R):
@@ -626,7 +663,7 @@ class RatSPN:
                     chans.append(kids[0] if len(kids) == 1 else G.ProductNode(kids))
                 level.append(chans)
             for lev in range(D):
-                W = self.weights[lev][r].double().numpy()
+                W = self.weights[lev][r].to("cpu", torch.float64).numpy()
                 nxt = []
                 for f in range(len(level) // 2):
                     a, b = level[2 * f], level[2 * f + 1]
@@ -636,7 +673,7 @@ class RatSPN:
                         prods = [G.ProductNode([p, q]) for p, q in zip(a, b)]
                     nxt.append([G.SumNode(prods, W[f, j]) for j in range(W.shape[1])])
                 level = nxt
-            rw = self.root_weights[r].double().numpy()
+            rw = self.root_weights[r].to("cpu", torch.float64).numpy()
             top.extend((node, float(rw[c])) for c, node in enumerate(level[0]))
         return G.SumNode([n for n, _ in top], [w for _, w in top])
 
@@ -654,13 +691,13 @@ class RatSPN:
                 group.attrs["leafkw_" + k] = v
         group.attrs["dtype"] = str(self.dtype).replace("torch.", "")
         group.create_dataset("scope", data=np.asarray(self.scope, dtype=np.int64))
-        group.create_dataset("gidx", data=self.gidx.numpy())
-        group.create_dataset("root_weights", data=self.root_weights.double().numpy())
+        group.create_dataset("gidx", data=self.gidx.cpu().numpy())
+        group.create_dataset("root_weights", data=self.root_weights.to("cpu", torch.float64).numpy())
         for i, W in enumerate(self.weights):
-            group.create_dataset(f"weights{i}", data=W.double().numpy())
+            group.create_dataset(f"weights{i}", data=W.to("cpu", torch.float64).numpy())
         lg = group.create_group("leaves")
         for k, v in self.P.items():
-            lg.create_dataset(k, data=v.numpy())
+            lg.create_dataset(k, data=v.cpu().numpy())
 
     @classmethod
     def load(cls, group: Any) -> "RatSPN":
@@ -675,14 +712,15 @@ class RatSPN:
             dtype = getattr(torch, str(group.attrs["dtype"]))
             # Build a skeleton cheaply (tiny init is overwritten below) then load the tensors.
             obj = cls.__new__(cls)
-            obj.cfg, obj.leaf_kwargs, obj.dtype = cfg, kw, dtype
+            obj.cfg, obj.leaf_kwargs, obj.dtype, obj.device = cfg, kw, dtype, torch.device("cpu")
             obj.scope = tuple(int(v) for v in group["scope"][()])
-            obj.gidx = torch.as_tensor(group["gidx"][()])
+            obj.gidx = torch.as_tensor(group["gidx"][()], device="cpu")
             obj.real = obj.gidx < cfg["n_vars"]
-            obj.root_weights = torch.as_tensor(group["root_weights"][()], dtype=dtype)
-            obj.weights = [torch.as_tensor(group[f"weights{i}"][()], dtype=dtype) for i in range(cfg["depth"])]
+            obj.root_weights = torch.as_tensor(group["root_weights"][()], dtype=dtype, device="cpu")
+            obj.weights = [torch.as_tensor(group[f"weights{i}"][()], dtype=dtype, device="cpu")
+                           for i in range(cfg["depth"])]
             obj.leaf_cls = _leaf_class(cfg["leaf"])
-            obj.P = {k: torch.as_tensor(group["leaves"][k][()]) for k in group["leaves"]}
+            obj.P = {k: torch.as_tensor(group["leaves"][k][()], device="cpu") for k in group["leaves"]}
         except (KeyError, ValueError, TypeError) as e:
             raise UserError(f"{where}: malformed ratspn group ({e})") from None
         return obj

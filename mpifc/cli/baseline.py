@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import parse_kv
+from mpifc.cli.common import add_device_argument, parse_kv
 from mpifc.federated.hyperparameters import check_hyperparameters
 
 
@@ -26,6 +26,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="parameter and activation dtype (sets the itemsize on the wire)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV (written by rank 0)")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_device_argument(p, "MLP (training and prediction)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line on rank 0")
 
 
@@ -107,7 +108,7 @@ def fedavg_config(args: argparse.Namespace) -> Any:
 
     return FedAvgConfig(dir=args.dir, rounds=args.rounds, local_epochs=args.local_epochs, fraction=args.fraction,
                         batch_size=args.batch_size, lr=args.lr, hidden=parse_hidden(args.hidden), seed=args.seed,
-                        dtype=args.dtype, deadline=args.deadline, save_params=args.save_params)
+                        dtype=args.dtype, deadline=args.deadline, save_params=args.save_params, device=args.device)
 
 
 def splitnn_config(args: argparse.Namespace) -> Any:
@@ -117,7 +118,8 @@ def splitnn_config(args: argparse.Namespace) -> Any:
 
     return SplitNNConfig(dir=args.dir, epochs=args.epochs, cut=args.cut, batch_size=args.batch_size, lr=args.lr,
                          bottom_hidden=parse_hidden(args.bottom_hidden), top_hidden=parse_hidden(args.top_hidden),
-                         seed=args.seed, dtype=args.dtype, deadline=args.deadline, save_params=args.save_params)
+                         seed=args.seed, dtype=args.dtype, deadline=args.deadline, save_params=args.save_params,
+                         device=args.device)
 
 
 def baseline_main(args: argparse.Namespace) -> int:

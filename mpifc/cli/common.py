@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from mpifc.errors import UserError
@@ -21,13 +22,36 @@ def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
     out.add_argument("--quiet", action="store_true", help="print nothing (errors still go to stderr)")
 
 
+DEVICE_ENV = "MPIFC_DEVICE"
+"""The ``--device`` default when set (how ``mpifc experiment --device`` reaches the jobs it starts)."""
+
+
+def device_value(text: str) -> str:
+    """An argparse ``type``: ``--device`` checked for its form (auto, cpu, cuda, cuda:N)."""
+    from mpifc.runtime.device import DEVICE_CHOICES, parse_device
+
+    try:
+        return parse_device(text)
+    except UserError:
+        raise argparse.ArgumentTypeError(f"expected {DEVICE_CHOICES}, got {text!r}") from None
+
+
+def add_device_argument(p: argparse.ArgumentParser, what: str = "EiNet and RAT-SPN leaf PCs") -> None:
+    """``--device``: where a rank's torch computations run (:mod:`mpifc.runtime.device`)."""
+    p.add_argument("--device", type=device_value, default=os.environ.get(DEVICE_ENV) or "auto", metavar="DEV",
+                   help=f"where each rank computes its {what}: auto = cuda:(local rank %% GPUs of its node) "
+                        "where CUDA is there, else cpu; cpu; cuda = the rank's GPU by local rank; or cuda:N. cuda "
+                        "without CUDA, or cuda:N beyond the node's GPUs, stops the job before any work. LearnSPN, "
+                        "FC[DT] trees (CART), factorised leaves and the numpy evaluator always compute on the CPU "
+                        f"(a rank holding only those never loads torch). ${DEVICE_ENV} sets the default")
+
+
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags every MPI job has: ``--deadline``, ``--liveness`` and ``--device``."""
     p.add_argument("--deadline", type=float, default=300.0, metavar="S",
                    help="seconds any single send or receive may wait before the job aborts (> 0, default 300)")
     add_liveness_argument(p)
-    p.add_argument("--device", default="auto", metavar="DEV",
-                   help="auto (cuda:(local_rank %% n_gpus) if CUDA, else cpu), cpu, cuda or cuda:N")
+    add_device_argument(p, "torch work")
 
 
 def parse_kv(items: list[str] | None, what: str) -> dict[str, Any]:

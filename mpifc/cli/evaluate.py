@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import add_liveness_argument, add_output_arguments
+from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments
 from mpifc.cli.train import FAMILIES
 
 
@@ -27,6 +27,7 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
+    add_device_argument(p, "EiNet and RAT-SPN leaf PCs")
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     add_output_arguments(p, "the metrics (rank 0)")
     p.add_argument("--query", default="ll", choices=("ll", "mpe", "sample"),
@@ -74,4 +75,5 @@ def evaluate_main(args: argparse.Namespace) -> int:
     from mpifc.fedpc.job import evaluate
 
     return evaluate(evaluate_config(args), deadline=args.deadline, ledger=args.ledger,
-                    liveness=args.liveness, on_result=lambda s: emit(s, output_mode(args), evaluate_text))
+                    liveness=args.liveness, device=args.device,
+                    on_result=lambda s: emit(s, output_mode(args), evaluate_text))

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mpifc.cli.common import DEVICE_ENV, device_value
 from mpifc.errors import UserError
 from mpifc.experiments.options import (KNOWN_DATASETS, KNOWN_METHODS, KNOWN_SETTINGS, SUFFIXED_DATASETS,
                                        parse_int_list, parse_names)
@@ -30,6 +31,10 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default=None, metavar="LIST", help="rank counts of the scaling sweep, e.g. 2,4,8,16,32")
     p.add_argument("--max-rows", type=int, default=None, metavar="N", help="subsample each dataset to N rows")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds before one MPI job is killed")
+    p.add_argument("--device", type=device_value, default=None, metavar="DEV",
+                   help="--device of every MPI job the experiment starts (train, evaluate, query, FedAvg, SplitNN: "
+                        "auto, cpu, cuda or cuda:N), passed on as $MPIFC_DEVICE; evaluations the experiment runs "
+                        "in its own process stay on the CPU; default: the jobs' own (auto, or $MPIFC_DEVICE)")
     p.add_argument("--shards", default=None, metavar="DIR", help="shard cache folder (default OUT/shards)")
     p.add_argument("--assign", default=None, choices=("flat", "tree"), help="scaling: ψ strategy")
     p.add_argument("--servers", type=int, default=None, metavar="S",
@@ -99,6 +104,10 @@ def experiment_main(args: argparse.Namespace) -> int:
                    if k in opts]
     if only_table1 and args.name != "table1":
         raise UserError(f"{', '.join(only_table1)}: an option of table1 only, not of {args.name!r}")
+    if getattr(args, "device", None):
+        import os
+
+        os.environ[DEVICE_ENV] = args.device  # the jobs' --device default (mpifc.cli.common)
     summary = exp.run(out, seeds, quick, **opts)
     for path in summary.get("files", []):
         print(f"{args.name}: wrote {path}")

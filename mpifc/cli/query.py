@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.cli.common import add_liveness_argument, add_output_arguments
+from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments
 from mpifc.errors import UserError
 
 QUESTIONS = ("ll", "predict", "mpe", "sample", "marginal")
@@ -59,6 +59,7 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per pass")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send or receive may wait")
     add_liveness_argument(p)
+    add_device_argument(p, "EiNet and RAT-SPN leaf PCs")
     add_output_arguments(p, "the summary")
 
 
@@ -143,7 +144,8 @@ def query_main(args: argparse.Namespace) -> int:
 
     check_outputs([("--out", args.out, False), ("--ledger", args.ledger, False)],
                   [("model", args.model), ("data", args.data)])
-    fc = load(args.model)
+    # one process: this process's device; --distributed: each rank's, chosen in the job
+    fc = load(args.model, device="cpu" if args.distributed else args.device)
     for k in keep:
         if k not in fc.features:
             raise UserError(f"--keep {k!r}: not a column of {args.model} ({', '.join(fc.features)})")
@@ -180,7 +182,8 @@ def query_main(args: argparse.Namespace) -> int:
 
         cfg = {"model": str(args.model), "what": args.what, "target": target, "batch": args.batch,
                "seed": args.seed}
-        code = query(cfg, load_rows, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness)
+        code = query(cfg, load_rows, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness,
+                     device=args.device)
         if "rows" not in held:  # a rank other than the querier: the querier writes the answer
             return code
         rows, row_no, raw = held["rows"], held["row_no"], cfg["_answer"]

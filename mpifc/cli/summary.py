@@ -51,6 +51,10 @@ def train_text(s: dict[str, Any]) -> str:
                      f"{wall:.3f} s wall" if wall is not None else f"  time       {cp:.3f} CPU s")
     if s.get("em_train_ll"):
         lines.append(f"  EM         train LL {s['em_train_ll'][0]:.4f} -> {s['em_train_ll'][-1]:.4f} nats per row")
+    if s.get("devices"):
+        from mpifc.runtime.device import describe_devices
+
+        lines.append(f"  devices    {describe_devices(s['devices'])}")
     return "\n".join(lines)
 
 

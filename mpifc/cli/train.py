@@ -9,7 +9,7 @@ import argparse
 import functools
 from typing import Any
 
-from mpifc.cli.common import add_liveness_argument, add_output_arguments, comma_ints, parse_kv
+from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments, comma_ints, parse_kv
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.defaults import PRESETS, RULE_HELP
@@ -72,6 +72,7 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
+    add_device_argument(p, "EiNet and RAT-SPN client PCs (fit, EM)")
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     add_output_arguments(p, "the summary (rank 0)")
     p.add_argument("--exclusive-timing", action="store_true",
@@ -183,7 +184,7 @@ def train_main(args: argparse.Namespace) -> int:
 
     cfg = train_config(args)
     cfg["progress"] = output_mode(args) == "human"
-    return train(cfg, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness,
+    return train(cfg, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness, device=args.device,
                  on_summary=lambda s: emit(s, output_mode(args), train_text))
 
 

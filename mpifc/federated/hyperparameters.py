@@ -18,7 +18,8 @@ from mpifc.errors import UserError
 
 @dataclass(frozen=True)
 class Param:
-    """One hyperparameter: its type (``"int"``, ``"float"``, ``"bool"`` or ``"str"``), the
+    """One hyperparameter: its type (``"int"``, ``"float"``, ``"bool"``, ``"str"`` or ``"shape"``:
+    positive integers written ``28x28`` or ``32x32x3``), the
     closed/open range a number must lie in, the choices of a string, and whether ``none`` is
     allowed (the learner then picks)."""
 
@@ -36,6 +37,8 @@ class Param:
             return "one of " + ", ".join(self.choices)
         if self.kind == "bool":
             return "true or false"
+        if self.kind == "shape":
+            return "a shape such as 28x28 or 32x32x3" + (" or none" if self.nullable else "")
         rng = ""
         if self.low is not None and self.high is not None:
             rng = f" in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
@@ -88,6 +91,10 @@ EINET: dict[str, Param] = {
     "dtype": _str("float32", "float64"), "max_params": _int(1, nullable=True),
     "leaf_region_vars": _int(1, nullable=True), "min_var": _float(0.0, low_open=True),
     "max_var": _float(0.0, low_open=True, nullable=True),
+    "image_shape": Param("shape", nullable=True,
+                         help="HxW or HxWxC: a Poon-Domingos region graph over the first H*W*C columns "
+                              "(pixels, row-major, channels last); later columns (a label) join at the root"),
+    "pd_num_pieces": _int(1, help="Poon-Domingos: equal pieces per image axis (Table 5 of the FC paper: 8)"),
 }
 FACTORIZED: dict[str, Param] = {"alpha": _float(0.0, low_open=True)}
 DT: dict[str, Param] = {"max_depth": _int(1, nullable=True), "min_samples_leaf": _int(1)}
@@ -124,6 +131,15 @@ def _coerce(key: str, value: Any, p: Param, flag: str) -> Any:
         if not isinstance(value, str) or value not in p.choices:
             raise bad("unknown value")
         return value
+    if p.kind == "shape":
+        parts = value if isinstance(value, (list, tuple)) else str(value).lower().replace(",", "x").split("x")
+        try:
+            shape = tuple(int(str(v).strip()) for v in parts)
+        except ValueError:
+            raise bad("not a shape") from None
+        if len(shape) not in (2, 3) or min(shape) < 1:
+            raise bad("not a shape")
+        return shape
     if isinstance(value, bool):
         raise bad("not a number")
     try:

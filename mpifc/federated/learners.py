@@ -5,6 +5,10 @@ with ``x`` of shape ``(n, d)`` float64 (no NaN) over the leaf's features; ``var_
 (optional) raises the variance floor of the Gaussian leaves per column (the floors its repeated
 values set on all of the client's rows; the learner raises them further to its own rows'). Circuit modules are imported lazily,
 so a learner whose module is missing fails with a :class:`UserError` naming it only when used.
+
+A learner that computes on torch takes ``device`` (``"cpu"``, ``"cuda:N"``: the rank's device,
+:func:`takes_device`); :func:`fit_leaf` hands it on only to those. LearnSPN, FC[DT]'s trees
+(CART) and the factorised leaves compute on the CPU with numpy and never see it.
 """
 from __future__ import annotations
 
@@ -37,12 +41,20 @@ def get_learner(name: str) -> Learner:
         raise UserError(f"unknown learner {name!r}; known: {', '.join(learner_names())}") from None
 
 
+def takes_device(name: str) -> bool:
+    """Whether learner ``name`` computes on torch: its fit takes a ``device`` argument."""
+    fn = _REGISTRY.get(name)
+    return fn is not None and "device" in inspect.signature(fn).parameters
+
+
 def fit_leaf(name: str, x: np.ndarray, meta_types: Sequence[str], seed: int,
              n_categories: Sequence[int] | None = None, var_min_var: Sequence[float] | None = None,
-             **hp: Any) -> Any:
-    """Fit one leaf PC with learner ``name`` (see module doc for the contract)."""
+             device: str | None = None, **hp: Any) -> Any:
+    """Fit one leaf PC with learner ``name`` (see module doc for the contract); ``device`` goes
+    to learners that compute on torch (:func:`takes_device`), None leaving them on the CPU."""
+    extra = {"device": device} if device is not None and takes_device(name) else {}
     return get_learner(name)(np.asarray(x, dtype=np.float64), list(meta_types), int(seed),
-                             n_categories=n_categories, var_min_var=var_min_var, **hp)
+                             n_categories=n_categories, var_min_var=var_min_var, **extra, **hp)
 
 
 def _import(module: str, learner: str) -> Any:
@@ -80,7 +92,7 @@ def _fit_learnspn(x: np.ndarray, meta_types: list[str], seed: int,
 def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int, n_categories: Sequence[int] | None = None,
                 depth: int = 2, repetitions: int = 2, num_sums: int = 4, num_leaves: int = 4,
                 em_iters: int = 30, min_var: float | None = None, var_min_var: Sequence[float] | None = None,
-                **_: Any) -> Any:
+                device: str = "cpu", **_: Any) -> Any:
     """A RAT-SPN fitted by batch EM (``em_iters`` full-batch steps from its seeded init);
     ``min_var``: the Gaussian leaves' variance floor (RatSPN's default when None).
 
@@ -122,7 +134,7 @@ def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int, n_categories: S
         if var_min_var is not None:
             floors = np.maximum(floors, np.asarray(var_min_var, dtype=np.float64))
     model = mod.RatSPN(d, depth=depth, repetitions=repetitions, num_sums=num_sums, num_leaves=num_leaves,
-                       leaf=leaf, leaf_kwargs=kw or None, seed=seed, var_min_var=floors)
+                       leaf=leaf, leaf_kwargs=kw or None, seed=seed, var_min_var=floors, device=device)
     for _ in range(int(em_iters)):
         model.apply_em(model.em_statistics(x))
     return model
@@ -130,14 +142,14 @@ def _fit_ratspn(x: np.ndarray, meta_types: list[str], seed: int, n_categories: S
 
 def _fit_einet(x: np.ndarray, meta_types: list[str], seed: int,
                n_categories: Sequence[int] | None = None, var_min_var: Sequence[float] | None = None,
-               **hp: Any) -> Any:
-    """An EiNet fitted by EM; a one-feature subspace (no partition to make) gets a univariate
-    factorised leaf instead, since an EiNet needs at least two variables."""
+               device: str = "cpu", **hp: Any) -> Any:
+    """An EiNet fitted by EM on ``device``; a one-feature subspace (no partition to make) gets a
+    univariate factorised leaf instead, since an EiNet needs at least two variables."""
     if x.shape[1] < 2:
         return _fit_factorized(x, meta_types, seed, n_categories)
     mod = _import("mpifc.circuit.einet", "einet")
     return mod.fit_einet(x, meta_types, seed=seed, n_categories=n_categories, var_min_var=var_min_var,
-                         **_accepted(mod.fit_einet, hp))
+                         device=device, **_accepted(mod.fit_einet, hp))
 
 
 def _fit_dt(x: np.ndarray, meta_types: list[str], seed: int,

@@ -465,7 +465,8 @@ def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.
 
 
 def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features: Sequence[str],
-                     fit: Callable[..., Any] | None = None, x_valid: np.ndarray | None = None) -> ClientReport:
+                     fit: Callable[..., Any] | None = None, x_valid: np.ndarray | None = None,
+                     device: str | None = None) -> ClientReport:
     """Learn every PC the plan asks of ``client`` on its rows ``x`` ``(n_rows, len(features))``.
 
     Clustered tasks split the rows by k-means over :func:`cluster_columns` (all the task's
@@ -483,6 +484,9 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         x_valid: the client's validation rows ``(n_valid, len(features))`` (its shard's
             ``valid/``), used to choose between candidate hyperparameters of unclustered PCs;
             None or empty: such choices hold out training rows instead.
+        device: the client's device (``"cpu"``, ``"cuda:N"``), handed to every ``fit`` call
+            (:func:`~mpifc.federated.learners.fit_leaf` passes it to the learners that compute
+            on torch); None: not passed (they use the CPU).
     """
     if fit is None:
         from mpifc.federated.learners import fit_leaf as fit
@@ -491,17 +495,18 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     col = {f: j for j, f in enumerate(features)}
     leaves: list[LeafReport] = []
     cluster_ids = None
+    on = {"device": device} if device is not None else {}
     for t in plan.tasks_for(client):
         idx = [col[f] for f in t.features]
         xs = x[:, idx]
         floors = tie_variance_floors(xs, [plan.meta_types[f] == "real" for f in t.features])
         if t.by_class:
-            leaves += _fit_by_class(plan, t, client, xs, x[:, col[plan.target]], fit, floors)
+            leaves += _fit_by_class(plan, t, client, xs, x[:, col[plan.target]], fit, floors, on)
             continue
         if t.n_clusters == 0:
             extra = {"target_index": t.features.index(plan.target)} if plan.kind == "fcdt" else {}
             held = x_valid[:, idx] if x_valid is not None and len(x_valid) else None
-            model = fit_pc(fit, plan, t, xs, t.seed, held, var_min_var=floors, **extra)
+            model = fit_pc(fit, plan, t, xs, t.seed, held, var_min_var=floors, **extra, **on)
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
         ccols = cluster_columns(plan, t)
@@ -510,13 +515,13 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
         cluster_ids = labels
         for k in range(int(labels.max()) + 1):
             rows = xs[labels == k]
-            model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors)
+            model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors, **on)
             leaves.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return ClientReport(client, leaves, cluster_ids)
 
 
 def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray, y: np.ndarray,
-                  fit: Callable[..., Any], floors: Any) -> list[LeafReport]:
+                  fit: Callable[..., Any], floors: Any, on: dict[str, Any]) -> list[LeafReport]:
     """The ``class`` glue's PCs of one task: one per class the client holds at least
     ``MIN_LEAF_ROWS`` rows of (cluster id = class code). A single-owner subspace without the
     target also needs one for every other class: its PC over all the client's rows stands in (its
@@ -533,10 +538,10 @@ def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray
             if plan.subspaces[t.subspace].shared or plan.target in t.features:
                 continue  # the subspace's other owners hold the class, or it is left out
             if whole is None:
-                whole = fit_pc(fit, plan, t, xs, derive_seed(t.seed, 0x616C6C), var_min_var=floors)
+                whole = fit_pc(fit, plan, t, xs, derive_seed(t.seed, 0x616C6C), var_min_var=floors, **on)
             out.append(LeafReport(client, t.subspace, k, len(xs), t.learner, t.features, copy.deepcopy(whole)))
             continue
-        model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors)
+        model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors, **on)
         out.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return out
 

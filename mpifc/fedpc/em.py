@@ -87,9 +87,11 @@ def pooled_server_em(ctx: Any, cfg: dict[str, Any], fc: FederatedCircuit, ranks:
     return trace
 
 
-def pooled_client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any) -> None:
+def pooled_client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, device: str | None = None) -> None:
     """Client side: local E-step for every node on this client's rows; reduce the statistics of
-    its own leaves over all clients; M-step them; send them to the server."""
+    its own leaves over all clients; M-step them; send them to the server. Leaf PCs that compute
+    on torch do so on ``device`` (None: the CPU); statistics and models travel as CPU arrays."""
+    from mpifc.federated.placement import place_models
     from mpifc.federated.wire_format import model_to_bytes
 
     t = ctx.transport
@@ -97,6 +99,7 @@ def pooled_client_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any) -> No
     cols = {f: data.shard.x_train[:, j] for j, f in enumerate(data.shard.features)}
     for _ in range(int(cfg["em_iters"])):
         fc = fc_with_models_from_bytes(t.recv(0, P.EM_PARAMS))
+        place_models(fc, device)
         st = local_statistics(fc, cols)
         t.send(pack_sums(fc, st), 0, P.EM_SUM_STATS)
         leaves = _leaf_ids(fc)

@@ -27,7 +27,9 @@ from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import FederatedCircuit
 from mpifc.fedpc import protocol as P
 from mpifc.atomic import atomic_write_bytes
+from mpifc.federated.placement import place_models
 from mpifc.fedpc.checks import check_model_matches, check_root_on_querier
+from mpifc.fedpc.devices import device_for, place_for_rank
 from mpifc.fedpc.query import await_sends, batches, own_evidence, post_evidence, receive_evidence, upward_pass, warm_up
 
 EVIDENCE_AHEAD = 1  # batches of evidence the querier posts beyond the one being answered (see below)
@@ -46,8 +48,11 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     manifest = load_manifest(cfg["dir"])
     distributed = bool(cfg["distributed"])
     if not distributed:
-        return evaluate_gathered(cfg) if ctx.rank == 0 else None
+        if ctx.rank != 0:
+            return None
+        return evaluate_gathered(cfg, device_for(ctx, load_fc(cfg["model"], load_models=False), gathered=True))
     fc = load_fc(cfg["model"], load_models={ctx.rank})
+    place_for_rank(ctx, fc)
     check_model_matches(fc, manifest, cfg["model"])
     fc.validate()  # ψ read from a file may have been edited: a leaf away from its data fails here
     check_root_on_querier(fc, cfg["model"])
@@ -144,15 +149,17 @@ def tiled_test(test: Any, cfg: dict[str, Any]) -> Any:
     return type(test)(features=test.features, x=_tile(test.x, int(n)), ids=_tile(test.ids, int(n)))
 
 
-def evaluate_gathered(cfg: dict[str, Any]) -> dict[str, Any]:
+def evaluate_gathered(cfg: dict[str, Any], device: str | None = None) -> dict[str, Any]:
     """Single-process evaluation of the whole gathered model (no MPI needed).
 
     Args:
         cfg: ``dir`` (shards), ``model`` (file), ``batch``; optional ``output_npz``, ``query_rows``
             (:func:`tiled_test`).
+        device: where its torch leaf PCs compute (``"cuda:0"``); None: the CPU.
     """
     manifest = load_manifest(cfg["dir"])
     fc = load_fc(cfg["model"], load_models=True)
+    place_models(fc, device)
     check_model_matches(fc, manifest, cfg["model"])
     fc.validate(require_models=True)
     test = tiled_test(read_test(cfg["dir"]), cfg)

@@ -70,7 +70,8 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
 
 
 def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
-          liveness: float = DEFAULT_LIMIT_S, on_summary: Callable[[dict[str, Any]], None] | None = None) -> int:
+          liveness: float = DEFAULT_LIMIT_S, on_summary: Callable[[dict[str, Any]], None] | None = None,
+          device: str | None = None) -> int:
     """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
 
     Args:
@@ -83,6 +84,8 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         liveness: seconds a rank may show no sign of life before the job ends naming it.
         on_summary: called on rank 0 with the training summary once every rank is done (it adds
             ``bytes_by_phase`` and ``clients`` from the gathered ledger).
+        device: ``--device`` (auto, cpu, cuda, cuda:N): where each client's EiNet and RAT-SPN
+            PCs fit (:mod:`mpifc.runtime.device`); None: auto.
     """
     from data_prep.shards import input_files, load_manifest
     from mpifc.runtime.job import run_job
@@ -114,7 +117,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         return _train_job(ctx)
 
     return run_job(job, config=cfg, servers=n_servers, min_clients=m.n_clients,
-                   deadline=deadline, liveness=liveness, ledger_csv=ledger, on_ledger=on_ledger)
+                   deadline=deadline, liveness=liveness, ledger_csv=ledger, on_ledger=on_ledger, device=device)
 
 
 # -- evaluate ------------------------------------------------------------------------------------
@@ -134,7 +137,8 @@ def _evaluate_job(ctx: Any) -> int:
 
 
 def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
-             liveness: float = DEFAULT_LIMIT_S, on_result: Callable[[dict[str, Any]], None] | None = None) -> int:
+             liveness: float = DEFAULT_LIMIT_S, on_result: Callable[[dict[str, Any]], None] | None = None,
+             device: str | None = None) -> int:
     """Evaluate a trained FC (distributed or gathered) as an MPI job; returns the exit code.
 
     Args:
@@ -146,6 +150,7 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
         liveness: seconds a rank may show no sign of life before the job ends naming it.
         on_result: called on rank 0 with the metrics (with the query's bytes and messages from the
             gathered ledger) once every rank is done.
+        device: ``--device``: where each rank's EiNet and RAT-SPN leaf PCs compute; None: auto.
     """
     from data_prep.shards import input_files, load_manifest
     from mpifc.federated.serialize import load_fc
@@ -180,7 +185,7 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
         return _evaluate_job(ctx)
 
     return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline, liveness=liveness,
-                   ledger_csv=ledger, on_ledger=on_ledger)
+                   ledger_csv=ledger, on_ledger=on_ledger, device=device)
 
 
 # -- audit ---------------------------------------------------------------------------------------
@@ -223,7 +228,7 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
 
 # -- query ---------------------------------------------------------------------------------------
 def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledger: str | None = None,
-          liveness: float = DEFAULT_LIMIT_S) -> int:
+          liveness: float = DEFAULT_LIMIT_S, device: str | None = None) -> int:
     """Answer a user's rows with the distributed passes (``mpifc query --distributed``); returns
     the exit code. The answer lands in ``cfg["_answer"]`` on rank 0.
 
@@ -234,6 +239,7 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
             reads and encodes the user's file, so only the querier ever sees it).
         deadline: seconds any single send or receive may wait.
         ledger: where rank 0 writes the per-message ledger CSV.
+        device: ``--device``: where each rank's EiNet and RAT-SPN leaf PCs compute; None: auto.
     """
     from mpifc.federated.serialize import load_fc
     from mpifc.fedpc.user_query import query_rank
@@ -250,7 +256,7 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
         return 0
 
     return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline, liveness=liveness,
-                   ledger_csv=ledger)
+                   ledger_csv=ledger, device=device)
 
 
 def _finish_audit(ctx: Any, cfg: dict[str, Any], audit: Any) -> None:

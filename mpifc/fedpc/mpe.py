@@ -53,6 +53,7 @@ from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.fedpc import protocol as P
 from mpifc.atomic import atomic_write_bytes
 from mpifc.fedpc.checks import check_model_matches, check_root_on_querier
+from mpifc.fedpc.devices import device_for, place_for_rank
 from mpifc.fedpc.query import batches, exchange_evidence
 
 
@@ -127,11 +128,14 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     if cfg["query"] not in ("mpe", "sample"):
         raise UserError(f"unknown --query {cfg['query']!r}")
     if not cfg["distributed"]:
-        return _gathered(cfg) if ctx.rank == 0 else None
+        if ctx.rank != 0:
+            return None
+        return _gathered(cfg, device_for(ctx, load_fc(cfg["model"], load_models=False), gathered=True))
 
     ctx.enter("read")
     manifest = load_manifest(cfg["dir"])
     fc = load_fc(cfg["model"], load_models={ctx.rank})
+    place_for_rank(ctx, fc)
     check_model_matches(fc, manifest, cfg["model"])
     fc.validate()
     check_root_on_querier(fc, cfg["model"])
@@ -215,10 +219,12 @@ def query_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     return _finish(fc, out, cfg, "distributed", seconds, test)
 
 
-def _gathered(cfg: dict[str, Any]) -> dict[str, Any]:
+def _gathered(cfg: dict[str, Any], device: str | None = None) -> dict[str, Any]:
+    from mpifc.federated.placement import place_models
 
     manifest = load_manifest(cfg["dir"])
     fc = load_fc(cfg["model"], load_models=True)
+    place_models(fc, device)
     check_model_matches(fc, manifest, cfg["model"])
     fc.validate(require_models=True)
     t0 = time.perf_counter()

@@ -92,7 +92,12 @@ def builder_from_config(cfg: dict[str, Any]) -> OnePassBuilder:
 
 
 def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] | None:
-    """Run this rank's part of training; returns the summary dict on rank 0, else ``None``."""
+    """Run this rank's part of training; returns the summary dict on rank 0, else ``None``.
+
+    Every rank computes on the CPU unless a learner it runs computes on torch: then on its
+    device (``ctx.device``, resolved only then). What each rank computed on is gathered at the
+    end outside the ledger (:meth:`~mpifc.runtime.job.JobContext.gather_device_facts`) and
+    recorded in the summary (``devices``)."""
     n_servers = int(cfg["servers"]) if cfg["assign"] == "tree" else 0
     ranks = client_rank_map(range(manifest.n_clients), n_servers)
     client_of = {r: c for c, r in ranks.items()}
@@ -101,7 +106,21 @@ def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] |
         return None
     if ctx.rank == 0:
         return _server(ctx, cfg, manifest, ranks, n_servers)
+    ctx.gather_device_facts()  # an idle rank: the CPU, no torch
     return None
+
+
+def job_learners(cfg: dict[str, Any]) -> set[str]:
+    """Every learner the job's clients use (the default one and the per-client ones)."""
+    return {cfg.get("learner") or "learnspn", *(cfg.get("client_learners") or {}).values()}
+
+
+def rank_device(ctx: Any, learners: Any) -> str | None:
+    """This rank's device as a string when one of ``learners`` computes on torch, else None
+    (the device is not resolved, so torch is not imported)."""
+    from mpifc.federated.learners import takes_device
+
+    return str(ctx.device) if any(takes_device(name) for name in learners) else None
 
 
 # What each learner's fit imports (LearnSPN, factorized and DT models are fitted, sent and
@@ -181,10 +200,12 @@ def warm_up_fit(learners: set[str], cluster: bool = False) -> None:
             pass
 
 
-def fit_client(plan: FederationPlan, index: int, data: ClientData) -> ClientReport:
+def fit_client(plan: FederationPlan, index: int, data: ClientData, device: str | None = None) -> ClientReport:
     """Client ``index``'s part of Algorithm 1 on its own rows: its leaf PCs, counts and (with the
-    cooccurrence glue) cluster ids. The MPI job and :func:`mpifc.api.simulate` both call this."""
-    return run_client_tasks(plan, index, data.shard.x_train, data.shard.features, x_valid=data.shard.x_valid)
+    cooccurrence glue) cluster ids; learners that compute on torch fit on ``device``. The MPI job
+    and :func:`mpifc.api.simulate` both call this."""
+    return run_client_tasks(plan, index, data.shard.x_train, data.shard.features, x_valid=data.shard.x_valid,
+                            device=device)
 
 
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
@@ -207,10 +228,13 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
         # After the plan: bad input is caught before anyone pays for the heavy imports.
         warm_up({task.learner for task in plan.tasks}, cluster=any(task.n_clusters > 1 for task in plan.tasks),
                 fit=True)
+    # The device is resolved only when this client's learners compute on torch (after the plan:
+    # bad input is caught before anyone pays for torch).
+    device = rank_device(ctx, {task.learner for task in plan.tasks})
     ctx.ledger.set_phase("learn")
     ctx.enter("learn")
     with _clock(times, walls, "learn"):
-        report = fit_client(plan, index, data)
+        report = fit_client(plan, index, data, device=device)
     t.send(report.counts(), 0, P.COUNTS)
     if plan.glue == "cooccurrence" and any(task.n_clusters > 0 for task in plan.tasks):
         # the smallest unsigned dtype holding K - 1 (uint8 for K <= 256): 1 B per row, not 8
@@ -230,10 +254,12 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
             else:  # horizontal / hybrid: pooled E-step statistics (mpifc.fedpc.em)
                 from mpifc.fedpc.em import pooled_client_em
 
-                pooled_client_em(ctx, cfg, index, data)
+                # every client evaluates every client's PCs: a device if any learner needs one
+                pooled_client_em(ctx, cfg, index, data, device=rank_device(ctx, job_learners(cfg)))
     t.send(np.array([times.get(p, 0.0) for p in CLIENT_PHASES] + [walls.get(p, 0.0) for p in CLIENT_PHASES]),
            0, P.TIMING)
     ctx.enter("write")  # the server assembles and writes the model meanwhile
+    ctx.gather_device_facts()
     t.recv_obj(0, P.DONE)
 
 
@@ -366,6 +392,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         got = t.recv(ranks[c], P.TIMING).tolist()
         client_times[c] = dict(zip(CLIENT_PHASES, got[:len(CLIENT_PHASES)]))
         client_walls[c] = dict(zip(CLIENT_PHASES, got[len(CLIENT_PHASES):]))
+    devices = ctx.gather_device_facts()
     rows = ctx.ledger.rows
     sent = ctx.ledger.sent
     bytes_train = int(rows["payload_bytes"].sum() + rows["header_bytes"].sum() + sent[:, 1].sum() + sent[:, 2].sum())
@@ -395,6 +422,9 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         + sum(walls.values()),
         "client_seconds_wall": {str(c): v for c, v in client_walls.items()},
         "server_seconds_wall": dict(walls),
+        # what each rank computed on (name, memory; a GPU's peak): outside the ledger, so a run
+        # on GPUs records the same messages and bytes as one on CPUs
+        "devices": devices,
     }
     fc.meta.update(train=summary, codec=model_codec(manifest))
     ctx.enter("write")

@@ -32,6 +32,7 @@ from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.fedpc import protocol as P
 from mpifc.fedpc.checks import check_root_on_querier
+from mpifc.fedpc.devices import place_for_rank
 from mpifc.fedpc.mpe import decision_pass, max_upward_pass
 from mpifc.fedpc.query import await_sends, batches, post_evidence, receive_evidence, upward_pass
 
@@ -64,6 +65,7 @@ def query_rank(ctx: Any, cfg: dict[str, Any], rows: np.ndarray | None) -> np.nda
     if what not in QUESTIONS:
         raise UserError(f"--what must be one of {', '.join(QUESTIONS)}, not {what!r}")
     fc = load_fc(cfg["model"], load_models={ctx.rank})
+    place_for_rank(ctx, fc)
     fc.validate()
     check_root_on_querier(fc, cfg["model"])
     t = ctx.transport

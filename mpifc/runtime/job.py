@@ -82,10 +82,31 @@ class JobContext:
 
     @cached_property
     def device(self) -> Any:
-        """This rank's ``torch.device`` (chosen on first use: importing torch takes seconds)."""
+        """This rank's ``torch.device`` (chosen on first use: importing torch takes seconds).
+        Ask for it only where this rank computes on torch; the protocol code passes it on
+        down as a string (``str(ctx.device)``)."""
         from mpifc.runtime.device import select_device
 
         return select_device(self.local_rank, self.device_override)
+
+    def device_facts(self) -> dict[str, Any]:
+        """What this rank computed on (:func:`mpifc.runtime.device.device_facts`): the CPU unless
+        it resolved :attr:`device` (a rank that never did computed nothing on torch)."""
+        from mpifc.runtime.device import cpu_facts, device_facts
+
+        return device_facts(self.__dict__["device"]) if "device" in self.__dict__ else cpu_facts()
+
+    def gather_device_facts(self) -> dict[str, dict[str, Any]] | None:
+        """Every rank's :meth:`device_facts`, keyed by rank (as a string), on rank 0; None elsewhere.
+
+        Collective (every rank must call it). Like the ledger's own gather it is bookkeeping,
+        not part of any protocol: it is not recorded in the ledger, so a run on GPUs sends the
+        same recorded messages and bytes as one on CPUs. A deadline-bounded barrier first, so a
+        rank waits asleep, not spinning inside MPI.
+        """
+        self.transport.barrier()
+        facts = self.comm.gather(self.device_facts(), root=0)
+        return None if facts is None else {str(r): f for r, f in enumerate(facts)}
 
     @property
     def is_server(self) -> bool:
@@ -134,6 +155,9 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             raise UserError(f"--deadline must be > 0 seconds, got {deadline:g}")
         if not liveness > 0:
             raise UserError(f"--liveness must be > 0 seconds, got {liveness:g}")
+        from mpifc.runtime.device import parse_device
+
+        device = parse_device(device)
         faults.load()
         from mpifc.runtime import node as node_mod
 
@@ -181,6 +205,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         set_outputs(outputs)
         roles = Roles.build(size, servers, min_clients)
         local_rank, local_size = local_rank_of(comm)
+        check_devices(comm, local_rank, device)
         ctx = JobContext(comm=comm, rank=rank, size=size, transport=transport, ledger=ledger,
                          roles=roles, config=dict(config or {}), local_rank=local_rank,
                          local_size=local_size, device_override=device, liveness=live, outputs=outputs)
@@ -239,6 +264,37 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         return code
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         abort_job(exc)
+
+
+def check_devices(comm: Any, local_rank: int, device: str) -> None:
+    """Before any work: an explicit ``--device cuda``/``cuda:N`` must name a GPU of every rank's
+    node. Otherwise the job ends with ONE line naming the first such rank and its host (exit
+    code 2), however many ranks lack it. ``auto`` and ``cpu`` need no check (and no torch)."""
+    from mpifc.runtime.device import device_problem, wants_cuda
+
+    if not wants_cuda(device):
+        return
+    import socket
+
+    problem = device_problem(local_rank, device)
+    found = comm.allgather(None if problem is None else (problem, socket.gethostname()))
+    bad = [(r, p) for r, p in enumerate(found) if p is not None]
+    if not bad:
+        return
+    rank, (why, host) = bad[0]
+    more = f" (and on {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
+    err = UserError(f"--device {device!r} on host {host}: {why}{more}")
+    if comm.Get_size() == 1:
+        raise err
+    if comm.Get_rank() == 0:
+        from mpifc.runtime.failure import error_line
+
+        abort_with_line(error_line(err, rank), 2)
+    # Every other rank waits for rank 0's abort to end it, saying nothing (one line in all).
+    import time
+
+    time.sleep(60.0)
+    os._exit(2)
 
 
 MODULE_REPORT_ENV = "MPIFC_MODULE_REPORT"

@@ -12,9 +12,9 @@ from mpifc.errors import UserError
 from mpifc.federated.hyperparameters import LEARNER_PARAMS, check_hyperparameters
 from tests.mpi_util import REPO
 
-# Arguments of the fit functions that the plan or the data fill in, never ``--hp``.
+# Arguments of the fit functions that the plan, the data or the rank (its device) fill in, never ``--hp``.
 DATA_ARGS = {"x", "data", "meta_types", "seed", "n_categories", "var_min_var", "target_index", "leaf_kwargs",
-             "image_shape", "pd_num_pieces", "_"}
+             "device", "_"}
 
 
 def _signature_params(learner: str) -> set[str]:

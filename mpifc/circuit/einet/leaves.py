@@ -120,7 +120,7 @@ class GaussianLeaf(LeafFamily):
     def initialize(self, gen: torch.Generator) -> None:
         shape = (self.num_slots, self.num_components)
         # Pixels live in [0, 1] after scaling, so spread the initial means over that range.
-        mean = torch.rand(shape, generator=gen, dtype=torch.float64)
+        mean = torch.rand(shape, generator=gen, dtype=torch.float64, device="cpu")
         self.params = {
             "mean": mean.to(self.dtype).to(self.device),
             "var": torch.full(shape, self.max_var, dtype=self.dtype, device=self.device),
@@ -206,7 +206,7 @@ class GaussianLeaf(LeafFamily):
     def sample(self, slot: torch.Tensor, comp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         mean = self.params["mean"][slot, comp]
         std = self.params["var"][slot, comp].sqrt()
-        noise = torch.randn(mean.shape, generator=gen, dtype=torch.float64).to(mean)
+        noise = torch.randn(mean.shape, generator=gen, dtype=torch.float64, device="cpu").to(mean)
         return mean + std * noise
 
     def mode(self, slot: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
@@ -471,7 +471,7 @@ class CategoricalLeaf(LeafFamily):
 
     def initialize(self, gen: torch.Generator) -> None:
         shape = (self.num_slots, self.num_components, self.num_levels)
-        raw = 1.0 + torch.rand(shape, generator=gen, dtype=torch.float64)
+        raw = 1.0 + torch.rand(shape, generator=gen, dtype=torch.float64, device="cpu")
         if self.level_mask is not None:
             raw = raw * self.level_mask.cpu()
         self.params = {"probs": (raw / raw.sum(-1, keepdim=True)).to(self.dtype).to(self.device)}

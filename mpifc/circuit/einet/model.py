@@ -20,6 +20,7 @@ import torch
 
 from mpifc.circuit.einet.layers import EinsumLayer, MixingLayer
 from mpifc.circuit.einet.leaves import LEAF_FAMILIES, LeafFamily
+from mpifc.circuit.device import guarded
 from mpifc.circuit.einet.region_graph import RegionGraph, poon_domingos, random_binary_trees
 from mpifc.errors import UserError
 
@@ -44,7 +45,8 @@ class EiNetConfig:
         pseudocount: symmetric Dirichlet pseudo-count of categorical/Bernoulli M-steps.
         max_params: refuse to build a larger model (``None``: no limit).
         dtype: ``float32`` or ``float64`` for parameters and activations.
-        device: torch device string (``cpu``, ``cuda``, ``cuda:1``).
+        device: torch device string (``cpu``, ``cuda``, ``cuda:1``) the model computes on; not
+            part of the model: it is saved as ``cpu`` (:meth:`EiNet.to_device` moves a model).
         seed: seed of the parameter initialisation.
         eval_batch_size: rows per chunk in likelihood / E-step passes (bounds activation memory).
     """
@@ -87,7 +89,7 @@ def _make_leaf(config: EiNetConfig, slot_mask: torch.Tensor, dtype: torch.dtype,
     k = config.num_sums
     floor = None
     if config.var_min_var:
-        ext = torch.tensor(list(config.var_min_var) + [0.0], dtype=torch.float64)
+        ext = torch.tensor(list(config.var_min_var) + [0.0], dtype=torch.float64, device="cpu")
         floor = ext[slot_var.to("cpu")]  # (L, m): padding slots read the extra variable
     if config.leaf == "mixed":
         return cls(slot_mask, k, dtype, device, slot_var=slot_var, var_levels=config.var_levels,
@@ -124,7 +126,7 @@ class EiNetStats:
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "EiNetStats":
-        return cls({k: torch.as_tensor(np.asarray(v, dtype=np.float64)) for k, v in arrays.items()})
+        return cls({k: torch.as_tensor(np.asarray(v, dtype=np.float64), device="cpu") for k, v in arrays.items()})
 
 
 class EiNet:
@@ -231,10 +233,10 @@ class EiNet:
         self.mixing_weights: list[torch.Tensor] = []
         for layer, mix in zip(self.einsum_layers, self.mixing_layers):
             shape = (layer.num_partitions, layer.k_out, layer.k_in, layer.k_in)
-            w = 0.5 + torch.rand(shape, generator=gen, dtype=torch.float64)
+            w = 0.5 + torch.rand(shape, generator=gen, dtype=torch.float64, device="cpu")
             self.einsum_weights.append(self._to(w / w.sum((2, 3), keepdim=True)))
             v = (0.5 + torch.rand((mix.idx.shape[0], layer.k_out, mix.idx.shape[1]), generator=gen,
-                                  dtype=torch.float64)) * mix.mask.cpu().unsqueeze(1)
+                                  dtype=torch.float64, device="cpu")) * mix.mask.cpu().unsqueeze(1)
             self.mixing_weights.append(self._to(v / v.sum(2, keepdim=True)))
 
     def _to(self, t: torch.Tensor) -> torch.Tensor:
@@ -256,7 +258,7 @@ class EiNet:
 
     # ----------------------------------------------------------------------------- passes
     def _as_tensor(self, x: ArrayLike, field_name: str = "x") -> torch.Tensor:
-        t = torch.as_tensor(x)
+        t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, device="cpu")
         if t.ndim != 2 or t.shape[1] != len(self.scope):
             raise UserError(f"{field_name}: expected shape (batch, {len(self.scope)}), got {tuple(t.shape)}")
         if not torch.is_floating_point(t):
@@ -291,6 +293,7 @@ class EiNet:
                 values = torch.cat([values, region], 0)
         return region[0, 0], {"values": values, "parts": parts_out}
 
+    @guarded("the likelihood pass", "an EiNet")
     def log_likelihood(self, x: ArrayLike) -> np.ndarray:
         """``log p(x)`` per row, float64 ``(batch,)`` nats; NaN entries are marginalised."""
         xt = self._as_tensor(x)
@@ -305,6 +308,7 @@ class EiNet:
         return torch.cat(out).to("cpu", torch.float64).numpy()
 
     # ----------------------------------------------------------------------------- EM
+    @guarded("the E-step", "an EiNet")
     def em_statistics(self, x: ArrayLike, sample_weight: ArrayLike | None = None) -> EiNetStats:
         """E-step on ``x (batch, n_vars)``; ``sample_weight (batch,)`` >= 0 scales each row.
 
@@ -315,7 +319,7 @@ class EiNet:
         if sample_weight is None:
             sw = torch.ones(xt.shape[0], dtype=self.dtype, device=self.device)
         else:
-            sw = torch.as_tensor(sample_weight).to(dtype=self.dtype, device=self.device).reshape(-1)
+            sw = torch.as_tensor(sample_weight, device=self.device).to(dtype=self.dtype).reshape(-1)
             if sw.shape[0] != xt.shape[0] or bool((sw < 0).any()) or bool(torch.isnan(sw).any()):
                 raise UserError(f"sample_weight: need {xt.shape[0]} non-negative weights")
         total: EiNetStats | None = None
@@ -347,6 +351,7 @@ class EiNet:
         tensors["ll"] = (ll.detach() * sw).sum()
         return EiNetStats(tensors)
 
+    @guarded("the M-step", "an EiNet")
     def apply_em(self, stats: EiNetStats, step_size: float = 1.0) -> None:
         """M-step: parameters -> ``(1 - step_size) * old + step_size * argmax(stats)``.
 
@@ -446,12 +451,14 @@ class EiNet:
             out.append(parent)
         return out
 
+    @guarded("the MPE", "an EiNet")
     def mpe(self, x: ArrayLike) -> np.ndarray:
         """Approximate MPE completion of the NaN entries (arg-max backtracking), shape of ``x``."""
         xt = self._as_tensor(x)
         out = [self._backtrack(c, None) for c in torch.split(xt, self.config.eval_batch_size)]
         return torch.cat(out).to("cpu", torch.float64).numpy() if out else np.zeros((0, len(self.scope)))
 
+    @guarded("the sampling", "an EiNet")
     def sample(self, n: int, rng: np.random.Generator, evidence: ArrayLike | None = None) -> np.ndarray:
         """``n`` samples ``(n, n_vars)``; with ``evidence`` (NaN = free) from the conditional."""
         if evidence is None:
@@ -481,11 +488,29 @@ class EiNet:
         out.mixing_weights = [v.clone() for v in self.mixing_weights]
         return out
 
+    @guarded("the move to the device", "an EiNet")
+    def to_device(self, device: str) -> "EiNet":
+        """This model on ``device`` (``cpu``, ``cuda``, ``cuda:N``): a copy whose tensors live
+        there, or the model itself when it is there already. Same parameters, same answers (up
+        to the device's rounding)."""
+        if torch.device(device) == self.device:
+            return self
+        out = EiNet(self.graph, replace(self.config, device=str(device)), scope=self.scope, _initialize=False)
+        out.leaf.params = {k: v.to(out.device) for k, v in self.leaf.params.items()}
+        out.einsum_weights = [w.to(out.device) for w in self.einsum_weights]
+        out.mixing_weights = [v.to(out.device) for v in self.mixing_weights]
+        if "fit_record" in self.__dict__:
+            out.fit_record = self.fit_record
+        return out
+
     # ----------------------------------------------------------------------------- persistence
     def save(self, group: Any) -> None:
-        """Write structure, config and parameters into an open ``h5py.Group``."""
+        """Write structure, config and parameters (CPU arrays) into an open ``h5py.Group``.
+
+        The config is saved with ``device="cpu"``: where a model was trained is not part of it,
+        so the bytes are the same for a model trained on a GPU (and it loads without one)."""
         group.attrs["model_type"] = self.model_type
-        group.attrs["config"] = json.dumps(asdict(self.config))
+        group.attrs["config"] = json.dumps(asdict(replace(self.config, device="cpu")))
         group.attrs["scope"] = np.asarray(self.scope, dtype=np.int64)
         g = group.create_group("graph")
         g.attrs["num_vars"] = self.graph.num_vars
@@ -503,8 +528,8 @@ class EiNet:
 
     @classmethod
     def load(cls, group: Any) -> "EiNet":
-        """Rebuild a model written by :meth:`save`; outputs are bit-identical."""
-        config = EiNetConfig(**json.loads(group.attrs["config"]))
+        """Rebuild a model written by :meth:`save` on the CPU; outputs are bit-identical."""
+        config = EiNetConfig(**{**json.loads(group.attrs["config"]), "device": "cpu"})
         g = group["graph"]
         sizes = g["region_sizes"][()]
         flat = g["region_vars"][()]
@@ -524,6 +549,6 @@ class EiNet:
 def _pick(logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     """Arg-max over the last axis, after adding Gumbel noise when sampling."""
     if gen is not None:
-        u = torch.rand(logits.shape, generator=gen, dtype=torch.float64).to(logits.device)
+        u = torch.rand(logits.shape, generator=gen, dtype=torch.float64, device="cpu").to(logits.device)
         logits = logits.double() - torch.log(-torch.log(u.clamp_min(1e-300)))
     return logits.argmax(-1)

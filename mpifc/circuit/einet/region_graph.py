@@ -86,7 +86,7 @@ def _cut_positions(length: int, pieces: Sequence[int], field: str) -> list[int]:
     return sorted(cuts)
 
 
-def poon_domingos(shape: Sequence[int], pd_num_pieces: Sequence[int]) -> RegionGraph:
+def poon_domingos(shape: Sequence[int], pd_num_pieces: Sequence[int], extra_vars: int = 0) -> RegionGraph:
     """Poon-Domingos region graph of an image.
 
     Args:
@@ -94,12 +94,18 @@ def poon_domingos(shape: Sequence[int], pd_num_pieces: Sequence[int]) -> RegionG
         pd_num_pieces: number of equal pieces per axis, one entry per cut size, e.g. ``[4]``
             (28x28 -> 7x7-pixel cells) or ``[7]`` (4x4-pixel cells); several entries merge
             their cut lines (as Peharz et al. 2020's ``pd_num_pieces``).
+        extra_vars: variables after the pixels (e.g. an image's label column in a shard): they
+            form one leaf region, joined to the image's region by the root's only partition.
 
     Returns:
-        The region graph; leaf regions are the cells of the merged cut grid.
+        The region graph; leaf regions are the cells of the merged cut grid (and the extra
+        variables' region).
     """
     if len(shape) not in (2, 3) or any(int(s) < 1 for s in shape):
         raise UserError(f"image_shape: expected (H, W) or (H, W, C) with positive sizes, got {tuple(shape)}")
+    if int(extra_vars) < 0:
+        raise UserError(f"image_shape: {tuple(shape)} holds {int(np.prod(shape))} variables, more than the "
+                        f"{int(np.prod(shape)) + int(extra_vars)} columns given")
     if not pd_num_pieces:
         raise UserError("pd_num_pieces: must list at least one number of pieces")
     height, width = int(shape[0]), int(shape[1])
@@ -135,8 +141,14 @@ def poon_domingos(shape: Sequence[int], pd_num_pieces: Sequence[int]) -> RegionG
         for r in rows:
             if r0 < r < r1:
                 partitions.append((parent, region_id((r0, r, c0, c1)), region_id((r, r1, c0, c1))))
-    graph = RegionGraph(height * width * channels, tuple(regions), tuple(partitions), root)
-    return graph
+    n = height * width * channels
+    if extra_vars:
+        image = root
+        root = len(regions) + 1
+        regions += [tuple(range(n, n + int(extra_vars))), tuple(range(n + int(extra_vars)))]
+        partitions.append((root, image, root - 1))
+        n += int(extra_vars)
+    return RegionGraph(n, tuple(regions), tuple(partitions), root)
 
 
 def random_binary_trees(num_vars: int, depth: int, repetitions: int, seed: int = 0) -> RegionGraph:

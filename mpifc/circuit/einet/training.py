@@ -13,7 +13,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from mpifc.circuit.device import memory_guard
 from mpifc.circuit.einet.model import ArrayLike, EiNet, EiNetConfig, EiNetStats
+from mpifc.circuit.einet.region_graph import poon_domingos, random_binary_trees
 from mpifc.errors import UserError
 
 
@@ -92,7 +94,7 @@ def train_em(model: EiNet, x: ArrayLike, schedule: EMSchedule,
     batch's update (free from the E-step), as online EM reports it.
     """
     schedule.validate()
-    xt = torch.as_tensor(x)
+    xt = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, device="cpu")  # rows go to the device per batch
     n = xt.shape[0]
     if n == 0:
         raise UserError("x: no training rows")
@@ -147,15 +149,18 @@ def _levels(column: np.ndarray, j: int, declared: int | None) -> int:
 
 def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sums: int = 10,
               depth: int = 3, repetitions: int = 5, leaf: str | None = None, num_levels: int = 256,
-              image_shape: Sequence[int] | None = None, pd_num_pieces: Sequence[int] = (4,),
+              image_shape: Sequence[int] | None = None, pd_num_pieces: int | Sequence[int] = (4,),
               epochs: int = 5, batch_size: int | None = 256, online_em_frequency: int = 1,
               online_em_stepsize: float = 0.5, dtype: str = "float64",
               max_params: int | None = 100_000_000, leaf_region_vars: int | None = None,
               n_categories: Sequence[int] | None = None, min_var: float = 1e-3,
-              max_var: float | None = None, var_min_var: Sequence[float] | None = None) -> EiNet:
+              max_var: float | None = None, var_min_var: Sequence[float] | None = None,
+              device: str = "cpu") -> EiNet:
     """Fit an EiNet client PC on ``x (n, d)`` by EM: the learner behind ``--learner einet``.
 
-    ``image_shape`` selects a Poon-Domingos region graph (images); otherwise random binary trees
+    ``image_shape`` selects a Poon-Domingos region graph with ``pd_num_pieces`` pieces per axis
+    over the first ``prod(image_shape)`` columns (images; any further columns, e.g. a shard's
+    label, form one leaf region joined to the image at the root); otherwise random binary trees
     of ``depth`` (clamped to ``log2 d``) and ``repetitions`` (tabular data or any subspace).
     ``leaf_region_vars`` (random trees only) sizes the tree by its scope instead of ``depth``:
     ``depth = round(log2(d / leaf_region_vars))`` (at least 1), so leaf regions hold about
@@ -174,6 +179,10 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
     training variance of a real column, at least 0.25, so that one component can cover a whole
     standardised column (breast cancer, one client of three: test LL -31.9 with 0.25, -29.1 with
     1.0, -31.7 with 4.0 nats).
+    ``device`` (``cpu``, ``cuda``, ``cuda:N``): where the model is built and trained; the same
+    seed gives the same initial parameters on every device (they are drawn on the CPU). A
+    device running out of memory raises :class:`~mpifc.errors.DeviceOutOfMemory` naming the
+    model's size.
     """
     xt = np.asarray(x, dtype=np.float64)
     d = xt.shape[1]
@@ -211,18 +220,24 @@ def fit_einet(x: ArrayLike, meta_types: Sequence[str], seed: int = 0, *, num_sum
         floors = tuple(float(v) for v in own) if np.any(own > 0) else ()
     config = EiNetConfig(num_sums=num_sums, leaf=leaf, num_levels=num_levels, seed=seed,
                          dtype=dtype, max_params=max_params, var_levels=var_levels,
-                         min_var=float(min_var), max_var=float(max_var), var_min_var=floors)
+                         min_var=float(min_var), max_var=float(max_var), var_min_var=floors,
+                         device=str(device))
     if image_shape is not None:
-        model = EiNet.poon_domingos(image_shape, pd_num_pieces, config)
+        pieces = (int(pd_num_pieces),) if np.isscalar(pd_num_pieces) else tuple(pd_num_pieces)
+        graph = poon_domingos(image_shape, pieces, extra_vars=d - int(np.prod(image_shape)))
     else:
         if leaf_region_vars is not None:
             if int(leaf_region_vars) < 1:
                 raise UserError(f"leaf_region_vars: must be >= 1, got {leaf_region_vars}")
             depth = int(round(np.log2(max(d, 1) / int(leaf_region_vars))))
         depth = max(1, min(int(depth), int(np.floor(np.log2(max(d, 2))))))
-        model = EiNet.random_binary_trees(d, depth, repetitions, config)
+        graph = random_binary_trees(d, depth, repetitions, seed=seed)
     schedule = EMSchedule(num_epochs=epochs, batch_size=batch_size or None,
                           online_em_frequency=online_em_frequency,
                           online_em_stepsize=online_em_stepsize, seed=seed)
-    train_em(model, xt, schedule)
+    with memory_guard(config.device, "building an EiNet", lambda: None):
+        model = EiNet(graph, config, _initialize=False)  # the size is checked before any parameter exists
+    with memory_guard(config.device, "initialising an EiNet", model.num_parameters):
+        model._initialize(config.seed)
+    train_em(model, xt, schedule)  # E- and M-steps name the model's size themselves
     return model

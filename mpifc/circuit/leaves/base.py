@@ -32,7 +32,7 @@ def _as_tensor(x: Any, dtype: Any = None) -> torch.Tensor:
         dtype = torch.float64
     if isinstance(x, torch.Tensor):
         return x.to(dtype)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=dtype)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=dtype, device="cpu")
 
 
 def _safe_log(p: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ class Leaf:
         """
         if dtype is None:
             dtype = torch.float64
-        return {k: torch.as_tensor(v, dtype=torch.int64 if k.startswith("len_") else dtype)
+        return {k: torch.as_tensor(v, dtype=torch.int64 if k.startswith("len_") else dtype, device="cpu")
                 for k, v in cls.stack_numpy(leaves).items()}
 
     @classmethod
@@ -196,7 +196,7 @@ class Leaf:
 
     def em_update(self, stats: dict[str, np.ndarray], step_size: float = 1.0) -> None:
         """M-step in place from :meth:`em_statistics` output."""
-        st = {k: torch.as_tensor(np.asarray(v, dtype=np.float64))[None] for k, v in stats.items()}
+        st = {k: torch.as_tensor(np.asarray(v, dtype=np.float64), device="cpu")[None] for k, v in stats.items()}
         newP = type(self).batch_m_step(self._P(), st, step_size)
         self._p = type(self).unstack(newP)[0]._p
 

@@ -48,7 +48,7 @@ class Bernoulli(Leaf):
 
     @classmethod
     def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return (rng.random(len(idx)) < P["p"].double().numpy()[idx]).astype(np.float64)
+        return (rng.random(len(idx)) < P["p"].double().cpu().numpy()[idx]).astype(np.float64)
 
     @classmethod
     def batch_em_stats(cls, P: Params, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -100,7 +100,7 @@ class Categorical(Leaf):
         K = logp.shape[1]
         ok = (x >= 0) & (x < K) & (x == torch.floor(x))
         idx = torch.where(ok, x, torch.zeros_like(x)).long()
-        lp = logp[torch.arange(logp.shape[0])[None, :], idx]
+        lp = logp[torch.arange(logp.shape[0], device=logp.device)[None, :], idx]
         return _finish(torch.where(ok, lp, torch.full_like(lp, LOG_ZERO)), x)
 
     @classmethod
@@ -118,23 +118,23 @@ class Categorical(Leaf):
 
     @classmethod
     def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        cdf = np.cumsum(P["probs"].double().numpy()[idx], axis=1)
+        cdf = np.cumsum(P["probs"].double().cpu().numpy()[idx], axis=1)
         u = rng.random(len(idx)) * cdf[:, -1]
-        return np.minimum((cdf <= u[:, None]).sum(1), P["len_probs"].numpy()[idx] - 1).astype(np.float64)
+        return np.minimum((cdf <= u[:, None]).sum(1), P["len_probs"].cpu().numpy()[idx] - 1).astype(np.float64)
 
     @classmethod
     def batch_em_stats(cls, P: Params, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
         n, K = P["probs"].shape
         ok = (x >= 0) & (x < K) & (x == torch.floor(x))
         w = torch.where(ok, w, torch.zeros_like(w))
-        idx = torch.where(ok, x, torch.zeros_like(x)).long() + K * torch.arange(n)[None, :]
-        counts = torch.zeros(n * K, dtype=w.dtype).index_add_(0, idx.reshape(-1), w.reshape(-1))
+        idx = torch.where(ok, x, torch.zeros_like(x)).long() + K * torch.arange(n, device=x.device)[None, :]
+        counts = torch.zeros(n * K, dtype=w.dtype, device=w.device).index_add_(0, idx.reshape(-1), w.reshape(-1))
         return {"counts": counts.view(n, K)}
 
     @classmethod
     def batch_m_step(cls, P: Params, stats: dict[str, torch.Tensor], step_size: float) -> Params:
         n, K = P["probs"].shape
-        valid = torch.arange(K)[None, :] < P["len_probs"][:, None]
+        valid = torch.arange(K, device=P["len_probs"].device)[None, :] < P["len_probs"][:, None]
         c = torch.where(valid, stats["counts"] + P["alpha"][:, None], torch.zeros_like(stats["counts"]))
         tot = c.sum(1)
         ok = tot > MIN_FLOW

@@ -56,8 +56,8 @@ class Gaussian(Leaf):
 
     @classmethod
     def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        m = P["mean"].double().numpy()[idx]
-        s = np.sqrt(P["var"].double().numpy()[idx])
+        m = P["mean"].double().cpu().numpy()[idx]
+        s = np.sqrt(P["var"].double().cpu().numpy()[idx])
         return m + s * rng.standard_normal(len(idx))
 
     @classmethod
@@ -196,11 +196,11 @@ class DiscretizedGaussian(Leaf):
 
     @classmethod
     def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        m = P["mean"].double().numpy()[idx]
-        s = np.sqrt(P["var"].double().numpy()[idx])
+        m = P["mean"].double().cpu().numpy()[idx]
+        s = np.sqrt(P["var"].double().cpu().numpy()[idx])
         z = m + s * rng.standard_normal(len(idx))
-        return np.clip(np.floor(z / P["bin_width"].double().numpy()[idx]), 0,
-                       P["levels"].double().numpy()[idx] - 1)
+        return np.clip(np.floor(z / P["bin_width"].double().cpu().numpy()[idx]), 0,
+                       P["levels"].double().cpu().numpy()[idx] - 1)
 
     @classmethod
     def batch_em_stats(cls, P: Params, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
