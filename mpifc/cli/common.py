@@ -11,7 +11,7 @@ def add_liveness_argument(p: argparse.ArgumentParser) -> None:
     """``--liveness S``: how long a rank may show no sign of life (every MPI job)."""
     p.add_argument("--liveness", type=float, default=10.0, metavar="S",
                    help="seconds a rank may show no sign of life (frozen, killed, ended early, stuck with the "
-                        "GIL held) before the job ends naming it (> 0, default 10)")
+                        "GIL held) before the job ends naming it (> 0)")
 
 
 def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -24,7 +24,7 @@ def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags every MPI job has: ``--deadline``, ``--liveness`` and ``--device``."""
     p.add_argument("--deadline", type=float, default=300.0, metavar="S",
-                   help="seconds any single send or receive may wait before the job aborts (> 0, default 300)")
+                   help="seconds any single send or receive may wait before the job aborts (> 0)")
     add_liveness_argument(p)
     p.add_argument("--device", default="auto", metavar="DEV",
                    help="auto (cuda:(local_rank %% n_gpus) if CUDA, else cpu), cpu, cuda or cuda:N")
