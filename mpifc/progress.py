@@ -86,6 +86,10 @@ class Ticker:
         if _current is self:
             _current = None
 
+    def stop(self) -> None:
+        """Stop printing (``--json`` or ``--quiet`` turned out to be asked for)."""
+        self.__exit__(None, None, None)
+
 
 class _Silent:
     """Stands in for a ticker where no progress is printed (``--json``, ``--quiet``, other ranks)."""
@@ -103,9 +107,33 @@ class _Silent:
         return None
 
 
-def ticker(prog: str, enabled: bool = True) -> "Ticker | _Silent":
-    """A :class:`Ticker` for ``prog`` when ``enabled`` (human output), else a silent stand-in."""
-    return Ticker(prog) if enabled else _Silent()
+class _Joined:
+    """The ticker already running in this process, for code that would start its own: it shares
+    that ticker's clock and prefix, and leaving it does not stop it."""
+
+    def __init__(self, running: Ticker) -> None:
+        self._t = running
+
+    def __enter__(self) -> "_Joined":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def phase(self, status: str | Callable[[], str], quiet: bool = False) -> None:
+        self._t.phase(status, quiet)
+
+    def say(self, line: str) -> None:
+        self._t.say(line)
+
+
+def ticker(prog: str, enabled: bool = True) -> "Ticker | _Joined | _Silent":
+    """A :class:`Ticker` for ``prog`` when ``enabled`` (human output); the one already running,
+    if any (the command line starts one before its imports, so start-up is covered too); else a
+    silent stand-in."""
+    if not enabled:
+        return _Silent()
+    return _Joined(_current) if _current is not None else Ticker(prog)
 
 
 def running() -> bool:

@@ -12,7 +12,7 @@ empty, the R row order) into a temporary folder, never into the repository. Then
 
 * ``python -m data_prep --dataset csv --path T.csv --target Y --setting S --clients C --out DIR``;
 * ``mpiexec -n C+1 mpifc train DIR --model M --json``;
-* ``mpifc evaluate DIR --model M --json`` (accuracy, macro F1 on the held-out rows);
+* ``mpifc evaluate DIR --model M`` (accuracy, macro F1 on the held-out rows, read from its summary);
 * ``mpifc query M --data ASK.csv --what predict`` and ``--what mpe`` on ten rows of the table
   with the target left out and every fourth cell emptied.
 
@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,8 +58,8 @@ class Table:
 TABLES = [
     Table("helpmiss", "mosaicData", "HELPmiss", "substance",
           "3 classes (alcohol, cocaine, heroin), missing cells in 13 columns, 470 rows"),
-    Table("covid", "medicaldata", "covid_testing", "result",
-          "15,524 rows, 3 classes, text and numbers"),
+    Table("exam", "mlmRev", "Exam", "intake",
+          "4,059 rows, 3 classes (bottom 25%, mid 50%, top 25%), text and numbers"),
     Table("mpg", "ggplot2", "mpg", "class",
           "7 classes, text (manufacturer, model, transmission, drive, fuel) and numbers, 234 rows"),
 ]
@@ -138,10 +139,10 @@ def hgb(csv_path: Path, target: str, shards: Path) -> dict[str, float]:
 
     df = pd.read_csv(csv_path, keep_default_na=True)
     schema = json.loads((shards / "schema.json").read_text())
-    keep = [c["name"] for c in schema["columns"] if c["type"] != "skip" and c["name"] != target]
-    x = df[keep].copy()
-    for c in keep:
-        if x[c].dtype == object:
+    types = {c["name"]: c["type"] for c in schema["columns"] if c["type"] != "skip" and c["name"] != target}
+    x = df[list(types)].copy()
+    for c, kind in types.items():  # the inferred types: text as categories, numbers as numbers
+        if kind == "categorical":
             x[c] = x[c].astype("category")
     y = df[target].astype(str).to_numpy()
     with h5py.File(shards / "client-0.h5", "r") as f:
@@ -172,7 +173,7 @@ def run_table(table: Table, settings: list[str], work: Path, timeout: float, say
                      "--setting", setting, "--clients", str(clients), "--out", str(d / "shards")],
             "train": [mpiexec, "-n", str(clients + 1), py, "-m", "mpifc", "train", str(d / "shards"),
                       "--model", str(d / "fc.h5"), "--ledger", str(d / "ledger.csv")],
-            "evaluate": [py, "-m", "mpifc", "evaluate", str(d / "shards"), "--model", str(d / "fc.h5"), "--json"],
+            "evaluate": [py, "-m", "mpifc", "evaluate", str(d / "shards"), "--model", str(d / "fc.h5")],
             "predict": [py, "-m", "mpifc", "query", str(d / "fc.h5"), "--data", str(ask), "--what", "predict",
                         "--out", str(d / "predict.csv")],
             "mpe": [py, "-m", "mpifc", "query", str(d / "fc.h5"), "--data", str(ask), "--what", "mpe",
@@ -186,9 +187,10 @@ def run_table(table: Table, settings: list[str], work: Path, timeout: float, say
             if r["code"] != 0 or "Traceback" in r["err"]:
                 failed = f"{name} exit {r['code']}: {r['err'].strip()[-800:]}"
                 break
-            if name == "evaluate":
-                ev = json.loads(r["out"].strip().splitlines()[-1])
-                res.update(accuracy=ev["accuracy"], f1_macro=ev["f1_macro"], n_test=ev["n_test"])
+            if name == "evaluate":  # the human summary, as a user reads it
+                acc = re.search(r"accuracy\s+([\d.]+)\s+macro F1\s+([\d.]+)", r["out"])
+                n_test = re.search(r"evaluated on (\d+) test rows", r["out"])
+                res.update(accuracy=float(acc[1]), f1_macro=float(acc[2]), n_test=int(n_test[1]))
             if name == "train":
                 with (d / "ledger.csv").open(newline="") as f:
                     res["bytes_train"] = sum(int(x["payload_bytes"]) + int(x["header_bytes"]) for x in csv.DictReader(f))
@@ -199,10 +201,10 @@ def run_table(table: Table, settings: list[str], work: Path, timeout: float, say
         if failed:
             say(f"{table.name} {setting}: FAILED {failed}")
         else:
-            worst = max(res[f"{k}_silence"] for k in steps)
+            worst = max(steps, key=lambda k: res[f"{k}_silence"])
             say(f"{table.name:9s} {setting:10s} acc {res['accuracy']:.3f} macro F1 {res['f1_macro']:.3f} "
                 f"(n_test {res['n_test']}) | train {res['train_wall']:.1f} s, {res['bytes_train'] / 1e3:.1f} kB | "
-                f"longest silence {worst:.1f} s | load {res['load']:.1f}"
+                f"longest silence {res[worst + '_silence']:.1f} s ({worst}) | load {res['load']:.1f}"
                 + (f" | HGB acc {res['hgb']['accuracy']:.3f} macro F1 {res['hgb']['f1_macro']:.3f}" if "hgb" in res else ""))
     return results
 

@@ -358,7 +358,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             save_fc(fc, ctx.stage(cfg["em_initial_model"]))
         ctx.ledger.set_phase("em")
         ctx.enter("em")
-        progress.phase("EM", quiet=True)  # its iterations report themselves
+        progress.phase(f"exact EM, {int(cfg['em_iters'])} iterations")
         with _clock(busy, walls, "em"):
             if manifest.setting == "vertical":
                 em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
