@@ -9,7 +9,7 @@ Every ``bench:KEY`` figure of README.md (``launch/figures.py``) is measured here
 (``bash launch/demo.sh``), each ``<!-- tested NAME -->`` block (``NAME_s``) and each command of
 the "four common jobs" table (``job_a_s`` ... ``job_d_s``; (a) is the "your own table" block),
 every one as the wall time of the whole command, in a scratch folder holding a copy of
-``examples/`` (so nothing is written into the repository). Each figure is printed beside its
+``examples/`` and a link to ``launch/`` (so nothing is written into the repository). Each figure is printed beside its
 measurement and its tolerance, with the 1-minute load average; the exit code is 1 when a figure
 is out of its tolerance. The peer is the import floor of the same run (``python -c "import
 mpi4py.MPI, numpy, h5py"``), printed so a loaded machine shows as such.
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="readme-bench-") as tmp:
             d = Path(tmp)
             shutil.copytree(REPO / "examples", d / "examples")
+            (d / "launch").symlink_to(REPO / "launch")  # the jobs' scripts (launch/sweep.py), read only
             load = os.getloadavg()[0]
             seconds = MEASURED[fig.key](d, a.timeout)
         ok = fig.allows(seconds)
