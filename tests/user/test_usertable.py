@@ -141,7 +141,7 @@ def trained(tmp_path_factory):
             continue
         ranks = clients + 1 + (setting == "horizontal")
         t0 = time.perf_counter()
-        r = run_mpi(ranks, ["-m", "mpifc", "train", str(shards), "--model", str(model), "--json"], timeout=180)
+        r = run_mpi(ranks, ["-m", "mpifc", "train", str(shards), "--model", str(model), "--json"], timeout=300)
         wall = time.perf_counter() - t0
         assert r.returncode == 0, r.stderr
         out[setting].update(summary=json.loads(r.stdout.strip().splitlines()[-1]), stderr=r.stderr, wall=wall)
