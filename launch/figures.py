@@ -9,14 +9,15 @@ invisible once rendered::
 messages, rows, accuracy: deterministic for a seed); ``bench:KEY`` figures, times above all, by
 ``launch/bench/readme.py``, which runs the same commands on a quiet-enough machine and prints
 each figure beside its measurement. The tolerance is ``±X%`` (relative to the quoted figure),
-``±X`` (absolute, in its unit) or ``±0`` (exact). :func:`untagged` finds a number with a unit of
+``±X`` (absolute, in its unit) or ``±0`` (exact); a figure written as a bound (``≥ 900 s``) holds
+when the measurement is on its side, within the tolerance. :func:`untagged` finds a number with a unit of
 measure that carries no tag, so a new figure cannot slip in unchecked.
 """
 
 import re
 from dataclasses import dataclass
 
-TAG = re.compile(r"(?P<num>-?\d[\d,]*(?:\.\d+)?)(?P<unit>\s?[A-Za-zµ%]*)<!-- fig (?P<checker>test|bench):"
+TAG = re.compile(r"(?P<bound>[≥≤]\s?)?(?P<num>-?\d[\d,]*(?:\.\d+)?)(?P<unit>\s?[A-Za-zµ%]*)<!-- fig (?P<checker>test|bench):"
                  r"(?P<key>[\w.-]+) ±(?P<tol>\d+(?:\.\d+)?)(?P<rel>%?) -->")
 MEASURE = re.compile(r"(?<![\w.~-])(?P<num>\d[\d,]*(?:\.\d+)?)(?P<unit>\s?(?:s|ms|min|minutes?|kB|MB|GB|B|%|"
                      r"messages|rows))(?![\w])(?!\x00)|(?<![\w.])(?P<frac>0\.\d+)(?![\d])(?!\x00)")
@@ -34,10 +35,15 @@ class Figure:
     tol: float
     relative: bool
     line: int
+    bound: str = ""
 
     def allows(self, measured: float) -> bool:
-        """Whether ``measured`` is within the tolerance of the quoted value."""
+        """Whether ``measured`` is within the tolerance of the quoted value (or of its bound)."""
         slack = self.tol / 100.0 * abs(self.value) if self.relative else self.tol
+        if self.bound == "≥":
+            return measured >= self.value - slack - 1e-12
+        if self.bound == "≤":
+            return measured <= self.value + slack + 1e-12
         return abs(measured - self.value) <= slack + 1e-12
 
     def describe(self, measured: float | None) -> str:
@@ -53,7 +59,7 @@ def figures(text: str) -> list[Figure]:
     for m in TAG.finditer(text):
         out.append(Figure(value=float(m["num"].replace(",", "")), unit=m["unit"], checker=m["checker"],
                           key=m["key"], tol=float(m["tol"]), relative=bool(m["rel"]),
-                          line=text.count("\n", 0, m.start()) + 1))
+                          line=text.count("\n", 0, m.start()) + 1, bound=(m["bound"] or "").strip()))
     return out
 
 

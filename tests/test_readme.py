@@ -163,3 +163,5 @@ def test_the_checker_reads_tags_and_finds_untagged_figures():
     assert (fig.value, fig.key, fig.checker, fig.tol, fig.relative) == (75.0, "x_s", "bench", 20.0, True)
     assert fig.allows(89.9) and not fig.allows(90.1)
     assert [u.split(": ", 1)[1].split(" in ")[0] for u in figures.untagged(text)] == ["'0.96'", "'12 messages'"]
+    [bound] = figures.figures("at least ≥ 900 s<!-- fig bench:y_s ±10% -->")
+    assert bound.bound == "≥" and bound.allows(5000) and bound.allows(811) and not bound.allows(809)
