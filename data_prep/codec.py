@@ -6,8 +6,12 @@ units, category and class labels) into the float row a model was trained on, and
 file (:meth:`to_json`/:meth:`from_json`), and is what ``mpifc query`` and ``mpifc.load`` use.
 
 On the way in (:meth:`encode`) a missing cell or a column left out stays NaN: the model
-marginalises it, no value is imputed. On the way out (:meth:`decode`) real columns are unscaled,
-discrete ones rounded, and categorical columns and the target come back as their labels.
+marginalises it, no value is imputed. No value is changed without a word either: a label never
+seen in training, a fractional value in a discrete column, or a value of a level-coded column
+that is not one of its levels is refused (:meth:`check_known`, one vectorised pass per column),
+unless ``clip=True`` asks for the nearest known value instead. On the way out (:meth:`decode`)
+real columns are unscaled, discrete ones come back as Python ints, and categorical columns and
+the target as their labels (ints where every label of the column is a whole number).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import numpy as np
 from mpifc.errors import UserError
 
 from .preprocess import Preprocessor
+from .transforms import to_levels
 
 MISSING_TOKENS = ("", "?", "NA", "NaN", "nan", "null", "None")
 """Cell texts that mean "missing" in query rows."""
@@ -33,11 +38,14 @@ class RowCodec:
         classes: the target's labels, ``classes[c]`` for class code ``c``.
         preprocessor: the fitted transform of the non-target columns, or None (identity: the
             model's units are the user's).
+        skipped: columns of the user's table that the schema skipped (ids): a query may carry
+            them, and they are left out.
     """
 
     def __init__(self, features: Sequence[str], target: str | None = None, classes: Sequence[Any] | None = None,
-                 preprocessor: Preprocessor | None = None) -> None:
+                 preprocessor: Preprocessor | None = None, skipped: Sequence[str] = ()) -> None:
         self.features = [str(f) for f in features]
+        self.skipped = [str(f) for f in skipped]
         self.target = target
         self.classes = None if classes is None else [str(c) for c in classes]
         self.preprocessor = preprocessor
@@ -49,7 +57,8 @@ class RowCodec:
         """The codec of a shard set (``manifest.json`` as a dict)."""
         pre = manifest.get("preprocessing")
         return cls(manifest["feature_order"], manifest.get("target"), manifest.get("classes"),
-                   Preprocessor.from_json(pre) if pre and pre.get("columns") else None)
+                   Preprocessor.from_json(pre) if pre and pre.get("columns") else None,
+                   manifest.get("skipped_columns") or ())
 
     def to_json(self) -> dict:
         """JSON-ready state (what a model file stores)."""
@@ -57,7 +66,7 @@ class RowCodec:
         if self.preprocessor is not None:
             pre = self.preprocessor.to_json()
         return {"format": "mpifc-codec/1", "features": self.features, "target": self.target,
-                "classes": self.classes, "preprocessing": pre}
+                "classes": self.classes, "preprocessing": pre, "skipped": self.skipped}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RowCodec":
@@ -69,7 +78,7 @@ class RowCodec:
         try:
             pre = data.get("preprocessing")
             return cls(data["features"], data.get("target"), data.get("classes"),
-                       Preprocessor.from_json(pre) if pre else None)
+                       Preprocessor.from_json(pre) if pre else None, data.get("skipped") or ())
         except (KeyError, TypeError) as exc:
             raise UserError(f"codec: malformed ({exc})") from None
 
@@ -90,23 +99,48 @@ class RowCodec:
         """Whether ``name`` holds labels (a categorical feature or the target) in user units."""
         return self.labels(name) is not None
 
+    def typed_labels(self, name: str) -> list[Any] | None:
+        """:meth:`labels` as the user's file had them: ints when every label of the column is a
+        whole number written as one (``"7"``, not ``"07"`` or ``"7.0"``), else strings."""
+        labels = self.labels(name)
+        if labels is None:
+            return None
+        try:
+            as_int = [int(lab) for lab in labels]
+        except ValueError:
+            return list(labels)
+        return as_int if all(str(v) == lab for v, lab in zip(as_int, labels)) else list(labels)
+
+    def is_discrete(self, name: str) -> bool:
+        """Whether ``name`` is a numeric column of whole numbers in the user's table."""
+        return (self.preprocessor is not None and name in self._pos and not self.is_label_column(name)
+                and self.preprocessor.columns[self._pos[name]].raw_meta_type == "discrete")
+
     # ------------------------------------------------------------------ user -> model
     def encode(self, columns: Mapping[str, Sequence[Any] | np.ndarray], source: str = "input",
-               first_row: int = 1) -> np.ndarray:
+               first_row: int = 1, clip: bool = False) -> np.ndarray:
         """User rows as model rows ``(n, len(features))`` float64; NaN = missing (marginalised).
 
         Args:
             columns: column name -> values in user units (text, numbers or labels; a missing cell
                 is ``None``, NaN or one of :data:`MISSING_TOKENS`). Any subset of
-                :attr:`features`, all of one length.
+                :attr:`features` (and of :attr:`skipped`, which are left out), all of one length.
             source: the file or object the rows came from (for error messages).
             first_row: the number of the first row in ``source`` (error messages name rows).
+            clip: read a value the model does not know as the nearest one it knows, instead of
+                refusing it (:meth:`check_known`).
 
         Raises:
-            UserError: an unknown column, a non-numeric value in a numeric column, or a label
-                never seen in training, naming ``source``, the row and the column.
+            UserError: an unknown column, a non-numeric value in a numeric column, a label never
+                seen in training, or (without ``clip``) a value the model does not know, naming
+                ``source``, the row and the column.
         """
-        unknown = [c for c in columns if c not in self.features]
+        return self.encode_checked(columns, source, first_row, clip)[0]
+
+    def encode_checked(self, columns: Mapping[str, Sequence[Any] | np.ndarray], source: str = "input",
+                       first_row: int = 1, clip: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`encode`, and a ``(n, len(features))`` bool mask of the cells ``clip`` changed."""
+        unknown = [c for c in columns if c not in self.features and c not in self.skipped]
         if unknown:
             raise UserError(f"{source}: unknown column {unknown[0]!r}; the model's columns are "
                             f"{', '.join(self.features)}")
@@ -118,13 +152,63 @@ class RowCodec:
         for j, name in enumerate(self.features):
             if name in columns:
                 raw[:, j] = self._raw_column(name, columns[name], source, first_row)
+        changed = self.check_known(raw, source, first_row, clip)
         if self.preprocessor is not None and self.preprocessor.features:
             idx = [self.features.index(f) for f in self.preprocessor.features if f in self.features]
             cols = [self._pos[self.features[j]] for j in idx]
             block = raw[:, idx]
             self.preprocessor.transform_inplace(block, columns=cols, impute=False)
             raw[:, idx] = block
-        return raw
+        return raw, changed
+
+    def check_known(self, raw: np.ndarray, source: str = "input", first_row: int = 1,
+                    clip: bool = False) -> np.ndarray:
+        """Refuse, or with ``clip`` replace in place, every numeric value the model does not know.
+
+        A level-coded column (few distinct training values, :mod:`data_prep.transforms`) knows its
+        levels only: any other value would be read as its nearest level. A discrete column knows
+        whole numbers only. One vectorised pass per such column, so it costs little beside a
+        query.
+
+        Args:
+            raw: ``(n, len(features))`` user-unit values over :attr:`features` (labels already
+                codes; NaN = missing).
+
+        Returns:
+            ``(n, len(features))`` bool, True where ``clip`` changed a value.
+
+        Raises:
+            UserError: (without ``clip``) the first such value, naming ``source``, the row, the
+                column, the value and what the model knows.
+        """
+        changed = np.zeros(raw.shape, dtype=bool)
+        if self.preprocessor is None:
+            return changed
+        for j, name in enumerate(self.features):
+            if name not in self._pos or self.is_label_column(name):
+                continue
+            col = self.preprocessor.columns[self._pos[name]]
+            if col.levels is None and col.raw_meta_type != "discrete":
+                continue
+            v = raw[:, j]
+            seen = ~np.isnan(v)
+            if col.levels is not None:
+                near = col.levels[to_levels(np.where(seen, v, col.levels[0]), col.levels).astype(np.int64)]
+                bad = seen & ~np.isclose(v, near, rtol=1e-12, atol=0.0)
+                known = "its levels " + _show(col.levels)
+            else:
+                near = np.floor(v + 0.5)
+                bad = seen & (v != near)
+                known = "whole numbers only (the column is discrete)"
+            if not bad.any():
+                continue
+            if not clip:
+                i = int(np.argmax(bad))
+                raise UserError(f"{source}: row {first_row + i}, column {name!r}: {_num_text(v[i])} is not a value "
+                                f"the model knows ({known}); --clip reads it as the nearest, {_num_text(near[i])}")
+            v[bad] = near[bad]
+            changed[:, j] = bad
+        return changed
 
     def _raw_column(self, name: str, values: Sequence[Any] | np.ndarray, source: str, first_row: int) -> np.ndarray:
         labels = self.labels(name)
@@ -152,8 +236,9 @@ class RowCodec:
 
     # ------------------------------------------------------------------ model -> user
     def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """Model rows ``(n, len(features))`` in user units: ``{column: (n,)}``, float64 for numeric
-        columns (NaN = missing) and object arrays of labels (None = missing) for label columns."""
+        """Model rows ``(n, len(features))`` in user units: ``{column: (n,)}``, float64 for real
+        columns (NaN = missing), object arrays of Python ints for discrete columns and of labels
+        for label columns (:meth:`typed_labels`; None = missing)."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != len(self.features):
             raise UserError(f"rows have shape {x.shape}, expected (n, {len(self.features)}) over {self.features}")
@@ -164,15 +249,29 @@ class RowCodec:
             raw[:, idx] = self.preprocessor.inverse_transform(raw[:, idx], columns=cols)
         out: dict[str, np.ndarray] = {}
         for j, name in enumerate(self.features):
-            labels = self.labels(name)
+            labels = self.typed_labels(name)
             if labels is None:
-                out[name] = raw[:, j]
+                if self.is_discrete(name):
+                    out[name] = np.array([None if math.isnan(v) else int(round(v)) for v in raw[:, j]], dtype=object)
+                else:
+                    out[name] = raw[:, j]
                 continue
             col = np.empty(len(raw), dtype=object)
             for i, v in enumerate(raw[:, j]):
                 col[i] = None if math.isnan(v) else labels[min(max(int(round(v)), 0), len(labels) - 1)]
             out[name] = col
         return out
+
+
+def _num_text(v: float) -> str:
+    """A number as a user wrote it: ``2031``, ``2007.5``."""
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else repr(float(v))
+
+
+def _show(levels: np.ndarray) -> str:
+    """A column's levels for a message: all of them up to 8, else the first 3, ..., the last."""
+    vals = [_num_text(v) for v in levels]
+    return ", ".join(vals) if len(vals) <= 8 else ", ".join(vals[:3]) + f", ..., {vals[-1]} ({len(vals)} values)"
 
 
 def _is_missing(v: Any) -> bool:

@@ -32,12 +32,13 @@ class DatasetInfo:
     load: Callable[[str, Path | None, Path], RawTable]
 
 
-def _load_csv(name: str, path: Path | None, data_root: Path) -> RawTable:
+def _load_csv(name: str, path: Path | None, data_root: Path, target: str | None = None,
+              schema: Path | None = None) -> RawTable:
     from .usercsv import load_user_table
 
     if path is None:
-        raise UserError("--dataset csv needs --path FILE (a .csv or .npy with a schema)")
-    return load_user_table(name, path)
+        raise UserError("--dataset csv needs --path FILE (a .csv, or a .npy with a schema)")
+    return load_user_table(name, path, target, schema)
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -64,15 +65,19 @@ DATASETS: dict[str, DatasetInfo] = {
                     load_image_folder),
         DatasetInfo("debd", "binary density-estimation sets, e.g. debd:nltcs", "debd",
                     "https://github.com/arranger1044/DEBD", load_debd),
-        DatasetInfo("csv", "your own CSV or NPY file with a JSON schema (--path FILE)", None,
+        DatasetInfo("csv", "your own CSV (--path FILE --target COLUMN; column types inferred, or "
+                    "from a JSON schema) or NPY file with a schema", None,
                     "your own data", _load_csv),
     ]
 }
 
 
 def load_dataset(name: str, path: str | Path | None = None,
-                 data_root: str | Path | None = None) -> RawTable:
+                 data_root: str | Path | None = None, *, target: str | None = None,
+                 schema: str | Path | None = None) -> RawTable:
     """Load dataset ``name`` (``debd:SET`` for a DEBD set) from ``path`` or the data root.
+
+    ``target`` and ``schema`` (``--target``, ``--schema``) apply to ``csv`` alone.
 
     Raises:
         UserError: unknown dataset, missing file, or malformed content.
@@ -83,4 +88,10 @@ def load_dataset(name: str, path: str | Path | None = None,
         raise UserError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}; "
                         "see python -m data_prep --list)")
     root = Path(data_root) if data_root is not None else default_data_root()
-    return info.load(name, None if path is None else Path(path), root)
+    path = None if path is None else Path(path)
+    if key == "csv":
+        return _load_csv(name, path, root, target, None if schema is None else Path(schema))
+    for flag, value in (("--target", target), ("--schema", schema)):
+        if value is not None:
+            raise UserError(f"{flag} is for --dataset csv (your own table); {name} names its own columns")
+    return info.load(name, path, root)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+import mpifc.progress as progress
 from mpifc.errors import UserError
 
 from .datasets import load_dataset
@@ -38,13 +39,15 @@ class PrepConfig:
     dataset: str = "breast-cancer"
     path: str | None = None
     data_root: str | None = None
+    target: str | None = None
+    schema: str | None = None
     setting: str = "horizontal"
     clients: int = 2
     seed: int = 0
     split: str = "iid"
     alpha: float = 0.5
     label_owner: int | str | None = None
-    encode: str = "target"
+    encode: str = "auto"
     impute: bool = True
     standardize: bool | None = None
     scale: str | None = None
@@ -129,6 +132,17 @@ def split_train_test(table: RawTable, test_fraction: float | None, seed: int,
     mask = np.zeros(rows.size, dtype=bool)
     mask[test] = True
     return rows[~mask], rows[test]
+
+
+def resolve_encode(encode: str, table: RawTable, train: np.ndarray) -> str:
+    """``--categoricals``' choice for this table: ``auto`` is ``target`` (target encoding orders a
+    categorical's levels) when the target has two classes, both among the training rows, and
+    ``none`` (categoricals stay codes) for any other target or none; other values pass through."""
+    if encode != "auto":
+        return encode
+    if table.y is None or table.classes is None or len(table.classes) != 2:
+        return "none"
+    return "target" if np.unique(table.y[train]).size == 2 else "none"
 
 
 def _target_meta(table: RawTable) -> dict:
@@ -223,6 +237,14 @@ class PreparedData:
         return TestSet(features=names, x=self._block(self.test_rows, names),
                        ids=self.table.ids[self.test_rows])
 
+    def extra_files(self) -> dict[str, str]:
+        """A user's table: ``{"schema.json": text}``, the schema it was read with (else empty)."""
+        from .infer import schema_json
+        from .shards import SCHEMA_FILE
+
+        info = self.table.schema_info
+        return {} if info is None else {SCHEMA_FILE: schema_json(info["schema"])}
+
     def manifest_fields(self) -> dict:
         """Every manifest field except the per-file entries (see ``shards``)."""
         t, c = self.table, self.config
@@ -239,6 +261,9 @@ class PreparedData:
                   "n_valid": int(self.valid_rows.size),
                   "source": {"files": t.source_files, "splits": t.source_splits},
                   "config": _json_config(c)}
+        if t.schema_info is not None:
+            fields["skipped_columns"] = [c["name"] for c in t.schema_info["schema"]["columns"]
+                                         if c["type"] == "skip" and c["name"] != t.target]
         if t.image_shape is not None:
             pixel = t.pixel or {}
             fields["image"] = {"shape": list(t.image_shape), **pixel}
@@ -283,13 +308,14 @@ def prepare_table(table: RawTable, config: PrepConfig) -> PreparedData:
     train, test = split_train_test(table, config.test_fraction, config.seed, pool)
     if train.size == 0:
         raise UserError(f"{table.name}: no training rows left (raise --max-rows)")
+    progress.phase(f"fitting the preprocessing on {train.size} training rows")
     standardize = table.standardize_default if config.standardize is None else config.standardize
     # Tables get level codes for few-valued columns and a scale chosen per real column; image
     # pixels keep their levels (or, with --standardize, plain standardisation).
     tabular = table.image_shape is None
     scale = config.scale if config.scale is not None else ("auto" if tabular else "standardize")
     max_levels = config.max_levels if config.max_levels is not None else (MAX_LEVELS if tabular else 0)
-    pre = Preprocessor.fit(table, train, encode=config.encode, impute=config.impute,
+    pre = Preprocessor.fit(table, train, encode=resolve_encode(config.encode, table, train), impute=config.impute,
                            standardize=standardize, scale=scale, max_levels=max_levels, seed=config.seed)
     weights = matches = None
     if config.split == "segment" and config.setting in ("horizontal", "hybrid"):
@@ -323,5 +349,7 @@ def prepare(**kwargs) -> PreparedData:
     if "segments" in kwargs:
         kwargs["segments"] = tuple(kwargs["segments"])
     config = PrepConfig(**kwargs)
-    table = load_dataset(config.dataset, config.path, config.data_root)
+    progress.phase(f"reading {config.path or config.dataset}")
+    table = load_dataset(config.dataset, config.path, config.data_root, target=config.target,
+                         schema=config.schema)
     return prepare_table(table, config)

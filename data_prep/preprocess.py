@@ -17,7 +17,8 @@ Column kinds after :meth:`Preprocessor.fit` (``ColumnTransform.kind``):
   (meta-type ``real``).
 * ``target-encoding``: a categorical as the class rate of its category, as a real (manifests
   written before level codes; ``max_levels=0``).
-* ``codes``: a categorical kept as its codes (``--encode none``); ``none``: values as they are.
+* ``codes``: a categorical kept as its codes (``--categoricals codes``, and ``auto`` unless the
+  target has two classes); ``none``: values as they are.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import mpifc.progress as progress
 from mpifc.errors import UserError
 
 from .table import RawTable
@@ -32,6 +34,7 @@ from .transforms import MAX_LEVELS, SCALES, NormalScore, few_levels, from_levels
     validation_split
 
 ENCODINGS = ("target", "none")
+"""How :meth:`Preprocessor.fit` treats categoricals: target encoding (binary targets) or codes."""
 _CHUNK = 4096  # rows converted to float64 at a time while fitting (bounds peak memory)
 
 
@@ -138,7 +141,7 @@ class Preprocessor:
             UserError: target encoding asked for without a binary target, or an unknown scale.
         """
         if encode not in ENCODINGS:
-            raise UserError(f"--encode must be one of {', '.join(ENCODINGS)}, not {encode!r}")
+            raise UserError(f"categorical encoding must be one of {', '.join(ENCODINGS)}, not {encode!r}")
         if scale not in SCALES:
             raise UserError(f"--scale must be one of {', '.join(SCALES)}, not {scale!r}")
         train_rows = np.asarray(train_rows, dtype=np.int64)
@@ -385,13 +388,13 @@ def _fit_target_encoding(table: RawTable, train_rows: np.ndarray, cat_idx: list[
     from sklearn.preprocessing import TargetEncoder
 
     if table.y is None or table.classes is None or len(table.classes) != 2:
-        raise UserError(f"{table.name}: --encode target needs a binary target "
+        raise UserError(f"{table.name}: --categoricals target needs a binary target "
                         f"({'none' if table.y is None else len(table.classes)} classes); "
-                        "use --encode none")
+                        "use --categoricals auto or codes")
     y = table.y[train_rows]
     if np.unique(y).size < 2:
-        raise UserError(f"{table.name}: --encode target needs both classes among the training "
-                        "rows (raise --max-rows, or use --encode none)")
+        raise UserError(f"{table.name}: --categoricals target needs both classes among the training "
+                        "rows (raise --max-rows, or use --categoricals auto or codes)")
     for j in cat_idx:
         # one column per fit: the encodings are per feature anyway, and sklearn's working
         # copies then stay one column wide
@@ -475,7 +478,10 @@ def _fit_scales(pre: Preprocessor, table: RawTable, train_rows: np.ndarray, cols
     values = pre.transform(table.x[train_rows][:, cols], columns=cols, scale=False)
     fit_pos, val_pos = validation_split(train_rows.size, stage_rng(seed, 9))
     chosen: list[int] = []
+    done = [0]
+    progress.phase(lambda: f"choosing the scale of {len(cols)} real columns: {done[0]} done")
     for k, j in enumerate(cols):
+        done[0] = k
         col = pre.columns[j]
         col.meta_type = "real"
         name = scale

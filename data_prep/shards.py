@@ -35,7 +35,9 @@ A shard directory ``DIR`` holds::
      "source": {"files": [...], "splits": {"train": [lo, hi), ...}}  (id ranges),
      "image": {"shape": [h, w], "levels": L, "range": [0, L - 1], "file_scale": s}
               (images only),
-     "config": {...every prepare() argument...}}
+     "config": {...every prepare() argument...},
+     "schema": "schema.json", "skipped_columns": [names]  (a user's table only: the schema file
+              of the set, and the columns it skipped, which a query may carry)}
 
 ``client-<i>.h5``: datasets ``train/x`` float64 ``(n_train, d_i)`` (NaN = missing, only when
 imputation is off), ``train/ids`` int64 ``(n_train,)`` global sample ids, ascending (vertical
@@ -52,6 +54,9 @@ or written before the field existed) reads as zero validation rows; ``n_valid`` 
 the manifest likewise means 0.
 
 ``test.h5``: ``x`` float64 ``(n, D)`` over ``feature_order`` and ``ids`` int64 ``(n,)``.
+
+``schema.json`` (a user's table only, named by ``manifest["schema"]``): the column schema the CSV
+was read with, inferred or given; ``python -m data_prep --schema DIR/schema.json`` reads it back.
 
 The target is an ordinary column holding class codes ``0..k-1`` (never encoded or scaled);
 its meta-type is ``discrete`` for two classes, else ``categorical``. Standardized values map
@@ -83,11 +88,15 @@ from typing import Protocol
 import h5py
 import numpy as np
 
+import mpifc.progress as progress
 from mpifc.errors import UserError
 
 FORMAT = "mpifc-shards/1"
 MANIFEST = "manifest.json"
 TEST_FILE = "test.h5"
+SCHEMA_FILE = "schema.json"
+"""A user's table (``--dataset csv``): the column schema it was read with, inferred or given, in
+the format ``--schema FILE`` reads (:mod:`data_prep.usercsv`); listed as ``manifest["schema"]``."""
 _REQUIRED = ("format", "dataset", "setting", "split", "seed", "n_clients", "target", "classes",
              "features", "feature_order", "clients", "test", "preprocessing", "label_owner")
 
@@ -159,6 +168,8 @@ class ShardSource(Protocol):
 
     def manifest_fields(self) -> dict: ...
 
+    # optional: ``extra_files() -> {name: text}``, small text files of the set (SCHEMA_FILE)
+
 
 # --------------------------------------------------------------------------- writing
 def sha256_file(path: Path) -> str:
@@ -201,6 +212,8 @@ def shard_set_files(out: Path) -> set[str]:
     try:
         raw = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
         names = {MANIFEST, str(raw["test"]["file"])} | {str(c["file"]) for c in raw["clients"]}
+        if raw.get("schema"):
+            names.add(str(raw["schema"]))
     except (OSError, ValueError, KeyError, TypeError):
         return set()
     return {n for n in names if n and "/" not in n and n not in (".", "..")}
@@ -249,6 +262,7 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
     try:
         os.chmod(tmp, 0o755)
         clients = []
+        progress.phase(lambda: f"writing {source.n_clients} shards: {len(clients)} done")
         for i in range(source.n_clients):
             shard = source.client_shard(i)
             file = f"client-{i}.h5"
@@ -259,11 +273,15 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
                 entry["n_valid"] = int(shard.x_valid.shape[0])
             clients.append({**entry, "sha256": sha256_file(tmp / file)})
             del shard
+        extra = source.extra_files() if hasattr(source, "extra_files") else {}
+        for name, text in extra.items():
+            (tmp / name).write_text(text, encoding="utf-8")
         test = source.test_set()
         _write_h5(tmp / TEST_FILE, {"x": test.x.astype(np.float64, copy=False),
                                     "ids": test.ids.astype(np.int64, copy=False)},
                   {"features": json.dumps(test.features), "format": FORMAT})
-        manifest = {"format": FORMAT, **source.manifest_fields(), "n_clients": source.n_clients,
+        manifest = {"format": FORMAT, **source.manifest_fields(), **({"schema": SCHEMA_FILE} if SCHEMA_FILE in extra else {}),
+                    "n_clients": source.n_clients,
                     "clients": clients, "test": {"file": TEST_FILE, "n": int(test.x.shape[0]),
                                                  "sha256": sha256_file(tmp / TEST_FILE)}}
         del test

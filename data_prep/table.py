@@ -43,6 +43,9 @@ class RawTable:
             ``0..L-1`` was ``v * s`` in the source file.
         standardize_default: whether ``--standardize`` is on unless the user says otherwise.
         source_files: the files read, for the manifest.
+        schema_info: for a user's table (``csv``), ``{"schema", "source", "guesses"}``: the
+            schema it was read with, where that came from (a file, or ``"inferred"``) and, when
+            inferred, each column's :class:`~data_prep.infer.ColumnGuess`; else None.
     """
 
     name: str
@@ -61,6 +64,7 @@ class RawTable:
     pixel: dict | None = None
     standardize_default: bool = True
     source_files: list[str] = field(default_factory=list)
+    schema_info: dict | None = None
 
     def __post_init__(self) -> None:
         n = self.x.shape[0]
@@ -99,7 +103,7 @@ class RawTable:
             own_valid=None if self.own_valid is None else self.own_valid[rows],
             source_splits=self.source_splits, image_shape=self.image_shape,
             pixel=self.pixel, standardize_default=self.standardize_default,
-            source_files=self.source_files)
+            source_files=self.source_files, schema_info=self.schema_info)
 
 
 def pixel_names(height: int, width: int) -> list[str]:

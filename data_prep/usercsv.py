@@ -1,7 +1,9 @@
 """The ``csv`` dataset: a user's own CSV or NPY file described by a small JSON schema.
 
-The schema sits beside the data as ``<stem>.schema.json`` (``data.csv`` ->
-``data.schema.json``); this example is valid JSON as it stands::
+The schema is, in this order: the file given with ``--schema FILE``; ``<stem>.schema.json``
+beside the data (``data.csv`` -> ``data.schema.json``); else, for a CSV with a header line, the
+schema :mod:`data_prep.infer` reads off the file (the target named by ``--target``). This
+example is valid JSON as it stands::
 
     {"columns": [{"name": "age", "type": "discrete"},
                  {"name": "city", "type": "categorical"},
@@ -39,8 +41,7 @@ def _schema_path(data: Path) -> Path:
 
 def _read_schema(path: Path) -> dict:
     if not path.is_file():
-        raise UserError(f"{path}: schema not found (the csv dataset needs a JSON schema "
-                        "beside the data file)")
+        raise UserError(f"{path}: schema not found")
     try:
         schema = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -130,33 +131,68 @@ def _load_npy(name: str, data: Path, schema: dict, schema_file: Path) -> RawTabl
                     source_files=[str(data), str(schema_file)])
 
 
-def load_user_table(name: str, data: Path) -> RawTable:
+def _choose_schema(data: Path, target: str | None, schema_file: Path | None) -> dict:
+    """``{"schema", "source", "guesses"}``: the schema to read ``data`` with (module doc), where it
+    came from (a file, or ``"inferred"``), and the inferred types' reasons (None for a file)."""
+    if schema_file is None and _schema_path(data).is_file():
+        schema_file = _schema_path(data)
+    if schema_file is not None:
+        schema = _read_schema(schema_file)
+        if target is not None and schema.get("target") != target:
+            raise UserError(f"--target {target!r}: the schema {schema_file} names the target "
+                            f"{schema.get('target')!r}; edit the schema or leave --target out")
+        return {"schema": schema, "source": str(schema_file), "guesses": None}
+    if data.suffix == ".npy":
+        raise UserError(f"{data}: a .npy file needs a schema ({_schema_path(data).name} beside it, "
+                        "or --schema FILE): it has no header naming the columns")
+    from .infer import infer_schema
+
+    schema, guesses = infer_schema(data, target)
+    return {"schema": schema, "source": "inferred", "guesses": guesses}
+
+
+def load_user_table(name: str, data: Path, target: str | None = None,
+                    schema_file: Path | None = None) -> RawTable:
     """Load a user's CSV/NPY file with its schema (see the module docstring).
+
+    Args:
+        name: the dataset's name (``csv``).
+        data: the CSV or NPY file.
+        target: ``--target``: the class column (must agree with a schema file's target).
+        schema_file: ``--schema``: a schema file that wins over the one beside ``data``.
+
+    Returns:
+        The table; its ``schema_info`` holds the schema used, where it came from and, when
+        inferred, the reason for each column's type.
 
     Raises:
         UserError: missing file or schema, schema errors, malformed lines.
     """
     if not data.is_file():
         raise UserError(f"{data}: not found")
-    schema_file = _schema_path(data)
-    schema = _read_schema(schema_file)
+    info = _choose_schema(data, target, schema_file)
+    schema = info["schema"]
+    origin = data if info["source"] == "inferred" else Path(info["source"])
     if data.suffix == ".npy":
-        return _load_npy(name, data, schema, schema_file)
+        table = _load_npy(name, data, schema, origin)
+        table.schema_info = info
+        return table
     delimiter = schema.get("delimiter", ",")
     missing = frozenset(schema.get("missing", ["", "?", "NA"]))
-    with open(data, encoding="utf-8", newline="") as f:
+    with open(data, encoding="utf-8-sig", newline="") as f:
         if schema.get("header", True):
-            header = next(csv.reader([f.readline()], delimiter=delimiter), [])
+            header = next(csv.reader([f.readline()], delimiter=delimiter, skipinitialspace=True), [])
             order = [t.strip() for t in header]
         else:
             order = [c["name"] for c in schema["columns"]]
-        specs = _specs(schema, order, data, schema_file)
+        specs = _specs(schema, order, data, origin)
         parser = DelimitedParser(specs, delimiter=delimiter, missing=missing)
         f.seek(0)
         n = parser.feed(f, str(data), header=bool(schema.get("header", True)))
     parsed = parser.finish()
     x, feats, meta = feature_matrix(parsed, specs)
+    files = [str(data)] + ([] if info["source"] == "inferred" else [str(origin)])
     return RawTable(name=name, x=x, features=feats, meta_types=meta,
                     categories=parsed.categories,
                     y=parsed.y, target=schema.get("target"), classes=parsed.classes,
-                    source_splits={"all": [0, n]}, source_files=[str(data), str(schema_file)])
+                    source_splits={"all": [0, n]}, source_files=files, schema_info=info)

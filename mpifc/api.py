@@ -12,7 +12,11 @@
 ``X`` is a pandas DataFrame (or a dict of columns) in the user's units and labels, matched by
 column name, or a numpy array ``(n, len(features))`` in model units and :attr:`features` order
 (NaN = missing). Every method returns numpy arrays: rows come back in the units of the input
-(object arrays of user values and labels for a DataFrame, float64 model units for an array).
+(object arrays of user values and labels for a DataFrame: discrete columns as ints, labels as
+the file had them; float64 model units for an array). A value the model does not know (a label
+never seen in training, a fractional or unseen value of a discrete column) raises
+:class:`~mpifc.errors.UserError` naming the row and column, unless the model was loaded with
+``clip=True`` (``mpifc query --clip``): then it is read as the nearest value the model knows.
 
 :func:`simulate` runs one-pass training in this process: the same model as ``mpiexec ... mpifc
 train`` for the same shards, settings and seed, without MPI.
@@ -39,11 +43,12 @@ class FederatedModel:
         classes: the target's labels (the columns of :meth:`predict_proba`), or None.
     """
 
-    def __init__(self, fc: Any, codec: Any = None, path: str | None = None) -> None:
+    def __init__(self, fc: Any, codec: Any = None, path: str | None = None, clip: bool = False) -> None:
         from data_prep.codec import RowCodec
 
         self.fc = fc
         self.path = path
+        self.clip = bool(clip)
         stored = fc.meta.get("codec") if codec is None else None
         if codec is None:
             codec = RowCodec.from_json(stored) if stored else RowCodec(fc.features, fc.target, _default_classes(fc))
@@ -61,8 +66,11 @@ class FederatedModel:
         return self.fc.target
 
     @property
-    def classes(self) -> list[str] | None:
-        return None if self.target is None else list(self.codec.classes or _default_classes(self.fc))
+    def classes(self) -> list[Any] | None:
+        """The target's labels as the user's file had them (ints where all are whole numbers)."""
+        if self.target is None:
+            return None
+        return self.codec.typed_labels(self.target) or _default_classes(self.fc)
 
     def __repr__(self) -> str:
         return (f"FederatedModel({self.path or 'in memory'}: {len(self.fc.clients)} clients, "
@@ -94,7 +102,7 @@ class FederatedModel:
         else:
             raise UserError(f"{source}: expected a pandas DataFrame, a dict of columns or a numpy array, "
                             f"got {type(X).__name__}")
-        return self.codec.encode(cols, source=source), True
+        return self.codec.encode(cols, source=source, clip=self.clip), True
 
     def _out_rows(self, rows: np.ndarray, user: bool) -> np.ndarray:
         if not user:
@@ -143,10 +151,12 @@ class FederatedModel:
         """The most probable label of ``target`` per row ``(n,)`` (labels, not codes)."""
         t = self.resolve_target(target)
         codes = np.argmax(self.predict_proba(X, t), axis=1)
-        labels = self.codec.labels(t)
+        labels = self.codec.typed_labels(t)
         if labels is None:
             return codes.astype(np.int64)
-        return np.array([labels[c] for c in codes], dtype=object)
+        out = np.empty(len(codes), dtype=object)
+        out[:] = [labels[c] for c in codes]
+        return out
 
     def mpe(self, X: Any) -> np.ndarray:
         """The most probable completion of every row's missing cells ``(n, D)``; observed cells are
@@ -222,14 +232,17 @@ def _device(device: str | None, needed: bool) -> str | None:
     return str(select_device(0, device)) if needed else None
 
 
-def load(path: str | os.PathLike, device: str | None = "auto") -> FederatedModel:
+def load(path: str | os.PathLike, device: str | None = "auto", clip: bool = False) -> FederatedModel:
     """A model file written by ``mpifc train`` (or :func:`simulate`), ready to query.
 
     Args:
+        path: the model file.
         device: where its EiNet and RAT-SPN leaf PCs compute: ``"auto"`` (the default: the first
             GPU where CUDA is there, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Other
             leaves (LearnSPN, FC[DT], factorised) compute on the CPU. The file holds CPU arrays
             whatever device trained it, so any device reads it.
+        clip: read a value the model does not know as the nearest one it knows, instead of
+            refusing it (module doc).
 
     Raises:
         UserError: a file that is not an mpifc model, naming it; a device that is not there.
@@ -241,7 +254,7 @@ def load(path: str | os.PathLike, device: str | None = "auto") -> FederatedModel
     fc = load_fc(path, load_models=True)
     fc.validate(require_models=True)
     place_models(fc, _device(device, needs_device(fc)))
-    return FederatedModel(fc, path=str(path))
+    return FederatedModel(fc, path=str(path), clip=clip)
 
 
 def _simulate_em(fc: Any, datas: list[Any], setting: str, iters: int) -> None:

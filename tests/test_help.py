@@ -6,6 +6,7 @@ and ``python -m data_prep``'s parser.
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -62,3 +63,22 @@ def test_data_prep_help_shows_out_as_required():
     assert "--out DIR" in usage and "[--out" not in usage
     options = " ".join(text.split("\n\n", 1)[1].split())
     assert "--out DIR required" in options
+
+
+@pytest.mark.parametrize("prog, parser", all_parsers(), ids=[p for p, _ in all_parsers()])
+def test_every_default_is_shown_once_and_reads_right(prog: str, parser: argparse.ArgumentParser) -> None:
+    """A flag whose default the formatter appends says no default of its own (else ``--clients``
+    reads "(default 2) (default: 2)"), and no flag is a bare ``--no-X`` whose default (True) would
+    read as the opposite of what it does."""
+    for a in parser._actions:
+        if not a.option_strings or isinstance(a, argparse._HelpAction):
+            continue
+        assert not isinstance(a, argparse._StoreFalseAction), \
+            f"{prog} {a.option_strings}: a bare --no-X flag shows (default: True); use BooleanOptionalAction"
+        shown = a.default not in (None, False, [], argparse.SUPPRESS)
+        text = (a.help or "").replace("%(default)s", "")
+        if shown and isinstance(a, argparse.BooleanOptionalAction):
+            text = text.replace("(default: )", "")
+        if shown:
+            said = re.search(r"\(default\)|\bdefault:?\s+" + re.escape(str(a.default)) + r"\b", text)
+            assert not said, f"{prog} {a.option_strings}: the default is shown twice: {a.help!r}"

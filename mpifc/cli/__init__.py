@@ -138,10 +138,32 @@ def not_yet_available(args: argparse.Namespace) -> int:
     raise UserError(f"mpifc {args.command}: not yet available in mpifc {mpifc.__version__}")
 
 
+PROGRESS_COMMANDS = ("train", "evaluate", "query")
+"""Commands that print progress lines (:mod:`mpifc.progress`) for human output, from start-up on."""
+
+
+def _start_ticker(argv: list[str]) -> Any:
+    """The progress ticker of a train/evaluate/query command with human output, started before
+    its heavy imports, on the process a person reads (rank 0, or the only process); else None."""
+    import mpifc.progress as progress
+    from mpifc.runtime.failure import env_rank
+
+    command = next((a for a in argv if a in COMMANDS), None)
+    if command not in PROGRESS_COMMANDS or {"--json", "--quiet", "-h", "--help"} & set(argv) or env_rank() not in (None, 0):
+        return None
+    tick = progress.Ticker(f"mpifc {command}")
+    tick.__enter__()
+    tick.phase("starting (loading modules)")
+    return tick
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (aborts the MPI job on any rank's failure)."""
+    tick = _start_ticker(list(sys.argv[1:] if argv is None else argv))
     try:
         args = parse_args(argv)
+        if tick is not None and (getattr(args, "json", False) or getattr(args, "quiet", False)):
+            tick.stop()  # a config file asked for it
         return int(resolve_handler(args.command)(args) or 0)
     except SystemExit as e:
         # argparse's own errors and --help: every rank parsed the same argv, so all exit alike.
@@ -150,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         _abort(e)
     except BaseException as e:  # noqa: BLE001 - any failure must end the whole job
         _abort(e)
+    finally:
+        if tick is not None:
+            tick.stop()
     return 1
 
 

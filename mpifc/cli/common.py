@@ -12,7 +12,7 @@ def add_liveness_argument(p: argparse.ArgumentParser) -> None:
     """``--liveness S``: how long a rank may show no sign of life (every MPI job)."""
     p.add_argument("--liveness", type=float, default=10.0, metavar="S",
                    help="seconds a rank may show no sign of life (frozen, killed, ended early, stuck with the "
-                        "GIL held) before the job ends naming it (> 0, default 10)")
+                        "GIL held) before the job ends naming it (> 0)")
 
 
 def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -49,7 +49,7 @@ def add_device_argument(p: argparse.ArgumentParser, what: str = "EiNet and RAT-S
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags every MPI job has: ``--deadline``, ``--liveness`` and ``--device``."""
     p.add_argument("--deadline", type=float, default=300.0, metavar="S",
-                   help="seconds any single send or receive may wait before the job aborts (> 0, default 300)")
+                   help="seconds any single send or receive may wait before the job aborts (> 0)")
     add_liveness_argument(p)
     add_device_argument(p, "torch work")
 

@@ -31,7 +31,7 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     add_output_arguments(p, "the metrics (rank 0)")
     p.add_argument("--query", default="ll", choices=("ll", "mpe", "sample"),
-                   help="ll: log-likelihood/conditionals (default); mpe: most probable completion of the "
+                   help="ll: log-likelihood/conditionals; mpe: most probable completion of the "
                         "test rows with the target blanked; sample: --n-samples unconditional samples")
     p.add_argument("--n-samples", type=int, default=1000, help="samples drawn by --query sample")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of --query sample (per-node streams)")
@@ -74,6 +74,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     from mpifc.cli.train import output_mode
     from mpifc.fedpc.job import evaluate
 
-    return evaluate(evaluate_config(args), deadline=args.deadline, ledger=args.ledger,
-                    liveness=args.liveness, device=args.device,
-                    on_result=lambda s: emit(s, output_mode(args), evaluate_text))
+    cfg = evaluate_config(args)
+    cfg["progress"] = output_mode(args) == "human"
+    return evaluate(cfg, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness,
+                    device=args.device, on_result=lambda s: emit(s, output_mode(args), evaluate_text))

@@ -2,12 +2,14 @@
 
     mpifc query MODEL --data ROWS.csv|ROWS.h5 --what ll|predict|mpe|sample|marginal
                 [--target COL] [--keep COL,COL] [--n-samples N] [--seed S] --out ANSWERS.csv
-                [--distributed] [--ledger FILE]
+                [--clip] [--distributed] [--ledger FILE]
 
 The model file carries the fitted preprocessing (:mod:`data_prep.codec`): rows come in as the
 user wrote them (a CSV with a header, or an HDF5 file with one dataset per column), a column left
 out or a cell left empty is marginalised, and answers go out in the same units, with category and
-class labels. One process by default; under ``mpiexec -n R`` with ``--distributed`` the ranks of
+class labels. A value the model does not know (a label never seen in training, a fractional or
+unseen value of a discrete column) is one line on stderr and exit code 2, unless ``--clip`` reads
+it as the nearest known value. One process by default; under ``mpiexec -n R`` with ``--distributed`` the ranks of
 the circuit answer with the distributed passes and every byte lands in ``--ledger``.
 
 Answer files (CSV, written atomically), one line per input row (``sample``: per sample):
@@ -52,6 +54,9 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
                    help="marginal: the columns whose joint log-likelihood is asked; all others are marginalised")
     p.add_argument("--n-samples", type=int, default=1, metavar="N", help="sample: completions per input row")
     p.add_argument("--seed", type=int, default=0, help="sample: random seed (same seed, same samples)")
+    p.add_argument("--clip", action="store_true",
+                   help="read a value the model does not know (a fractional or unseen value of a discrete column) "
+                        "as the nearest one it knows, instead of refusing it; answers show the value used")
     p.add_argument("--out", required=True, metavar="ANSWERS.csv", help="answer file (CSV, written atomically)")
     p.add_argument("--distributed", action="store_true",
                    help="answer with the distributed passes over the circuit's ranks (run under mpiexec)")
@@ -156,11 +161,13 @@ def query_main(args: argparse.Namespace) -> int:
             raise UserError(f"--target {target!r} is not a discrete column of {args.model}")
 
     given: dict[str, list[Any]] = {}
+    changed: list[np.ndarray] = []
 
     def model_rows() -> tuple[np.ndarray, np.ndarray]:
         """The rows to pass (model units) and, per pass row, its input row number (1-based)."""
         given.update(read_rows(args.data))
-        x = fc.encode(given, source=args.data)
+        x, clipped = fc.codec.encode_checked(given, source=args.data, clip=args.clip)
+        changed.append(clipped)
         row_no = np.arange(1, len(x) + 1)
         if args.what == "marginal":
             masked = np.full_like(x, np.nan)
@@ -181,7 +188,7 @@ def query_main(args: argparse.Namespace) -> int:
             return held["rows"]
 
         cfg = {"model": str(args.model), "what": args.what, "target": target, "batch": args.batch,
-               "seed": args.seed}
+               "seed": args.seed, "progress": not (args.json or args.quiet)}
         code = query(cfg, load_rows, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness,
                      device=args.device)
         if "rows" not in held:  # a rank other than the querier: the querier writes the answer
@@ -189,11 +196,21 @@ def query_main(args: argparse.Namespace) -> int:
         rows, row_no, raw = held["rows"], held["row_no"], cfg["_answer"]
         mode = "distributed"
     else:
-        rows, row_no = model_rows()
-        raw = _answer_one_process(fc, rows, args.what, target, args.seed, args.batch)
+        import mpifc.progress as progress
+
+        with progress.ticker("mpifc query", not (args.json or args.quiet)) as tick:
+            tick.phase(f"reading {args.data}")
+            rows, row_no = model_rows()
+            tick.phase(f"answering {len(rows)} rows ({args.what})")
+            raw = _answer_one_process(fc, rows, args.what, target, args.seed, args.batch)
         mode = "one process"
-    header, lines, summary = _answer_table(fc, args.what, target, rows, row_no, raw, given)
+    header, lines, summary = _answer_table(fc, args.what, target, rows, row_no, raw, given, changed[0])
     _write_csv(args.out, header, lines)
+    if args.clip:
+        summary["clipped_cells"] = int(changed[0].sum())
+    ignored = [c for c in given if c in fc.codec.skipped]
+    if ignored:
+        summary["skipped_columns"] = ignored
     summary.update({"what": args.what, "rows": int(len(np.unique(row_no))), "answers": len(lines),
                     "out": str(args.out), "mode": mode, "model": str(args.model), "data": str(args.data)})
     if args.json:
@@ -220,9 +237,11 @@ def _answer_one_process(fc: Any, rows: np.ndarray, what: str, target: str | None
 
 
 def _answer_table(fc: Any, what: str, target: str | None, rows: np.ndarray, row_no: np.ndarray,
-                  raw: np.ndarray, given: dict[str, list[Any]]) -> tuple[list[str], list[list[Any]], dict[str, Any]]:
+                  raw: np.ndarray, given: dict[str, list[Any]], changed: np.ndarray
+                  ) -> tuple[list[str], list[list[Any]], dict[str, Any]]:
     """Header, lines (user units) and the summary figures of an answer. A completed row keeps
-    the user's own text in every cell the user filled in."""
+    the user's own text in every cell the user filled in, unless ``--clip`` changed it
+    (``changed``, one row per input row): then it shows the value the model used."""
     summary: dict[str, Any] = {}
     if what in ("ll", "marginal"):
         lines = [[int(r), _num(v)] for r, v in zip(row_no, raw)]
@@ -254,8 +273,8 @@ def _answer_table(fc: Any, what: str, target: str | None, rows: np.ndarray, row_
             lead.append(seen[int(r)])
         cells = []
         for j, f in enumerate(fc.features):
-            observed = not np.isnan(rows[i, j])
-            cells.append(str(given[f][int(r) - 1]).strip() if observed and f in given else _cell(dec[f][i]))
+            as_given = not np.isnan(rows[i, j]) and f in given and not changed[int(r) - 1, j]
+            cells.append(str(given[f][int(r) - 1]).strip() if as_given else _cell(dec[f][i]))
         lines.append(lead + cells)
     summary["completed_cells"] = int(np.isnan(rows).sum())
     return header, lines, summary
@@ -299,4 +318,8 @@ def _human(s: dict[str, Any]) -> str:
         more.append(f"accuracy {s['accuracy']:.4f} on the {s['rows_with_label']} rows that give the label")
     if "completed_cells" in s:
         more.append(f"{s['completed_cells']} cells filled in")
+    if s.get("skipped_columns"):
+        more.append(f"left out {', '.join(s['skipped_columns'])} (skipped when the shards were prepared)")
+    if s.get("clipped_cells"):
+        more.append(f"{s['clipped_cells']} cells read as the nearest value the model knows (--clip)")
     return first + ("\n  " + "; ".join(more) if more else "")

@@ -45,10 +45,11 @@ def train_text(s: dict[str, Any]) -> str:
              f"  model      {s.get('model')}"]
     lines.append(f"  bytes      {kb(s.get('bytes_train'))} in {s.get('messages_train')} messages"
                  + (f" ({_phases(s.get('bytes_by_phase'))})" if s.get("bytes_by_phase") else ""))
-    cp, wall = s.get("train_seconds_critical_path"), s.get("train_wall_seconds_critical_path")
+    cp, wall = s.get("train_seconds_critical_path"), s.get("job_wall_seconds")
     if cp is not None:
-        lines.append(f"  time       {cp:.3f} CPU s on the critical path (slowest client + server), "
-                     f"{wall:.3f} s wall" if wall is not None else f"  time       {cp:.3f} CPU s")
+        lines.append(f"  time       {cp:.3f} CPU s on the critical path (slowest client + server); "
+                     f"job {wall:.1f} s wall (rank 0, start to end)" if wall is not None else
+                     f"  time       {cp:.3f} CPU s on the critical path (slowest client + server)")
     if s.get("em_train_ll"):
         lines.append(f"  EM         train LL {s['em_train_ll'][0]:.4f} -> {s['em_train_ll'][-1]:.4f} nats per row")
     if s.get("devices"):
@@ -71,8 +72,11 @@ def evaluate_text(s: dict[str, Any]) -> str:
     if s.get("ll_units"):
         lines.append(f"  measure    {s.get('ll_measure')}: {s['ll_units']}")
     if s.get("accuracy") is not None:
-        lines.append(f"  accuracy   {s['accuracy']:.4f}   macro F1 {s.get('f1_macro', float('nan')):.4f}   "
-                     f"F1 (positive class) {s.get('f1', float('nan')):.4f}")
+        lines.append(f"  accuracy   {s['accuracy']:.4f}   macro F1 {s.get('f1_macro', float('nan')):.4f}")
+        per_class = s.get("f1_per_class") or {}
+        if 0 < len(per_class) <= 12:
+            lines.append("  F1 by class " + ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}"
+                                                   for k, v in per_class.items()))
     if s.get("bpd") is not None:
         lines.append(f"  bpd        {s['bpd']:.4f} bits per pixel")
     if s.get("bytes_query") is not None:

@@ -32,7 +32,7 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-learner", action="append", default=[], metavar="IDX=NAME",
                    help="per-client learner override (repeatable)")
     p.add_argument("--preset", default="adaptive", choices=PRESETS,
-                   help="what fills the settings not given (see below): adaptive (default), learner "
+                   help="what fills the settings not given (see below): adaptive, learner "
                         "(the learners' own defaults, K = 2), paper (Table 4 for the shards' dataset)")
     p.add_argument("--glue", default=None, choices=GLUE_MODES,
                    help="how the clients' PCs are joined: class = the target's holders split their rows by "

@@ -82,7 +82,7 @@ def transport_samples(out: Path, launcher: Launcher, csv_path: str | Path | None
         if not p.exists():
             raise UserError(f"--transport-csv {p}: no such file")
         return p, "given"
-    p = out / "transport.csv"
+    p = Path(out).resolve() / "transport.csv"  # absolute: the ping-pong job runs from the repository root
     if p.exists():
         return p, "earlier run"
     max_bytes = 1 << 18 if quick else 1 << 24

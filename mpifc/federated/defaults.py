@@ -172,6 +172,11 @@ has no validation rows of its own."""
 MIN_HELD_OUT = 10
 """Fewer held-out rows than this: no choice, the first candidate (the class split)."""
 
+MAX_SCORED_CLASSES = 32
+"""A target with more classes than this: no choice, the first candidate (the class split, the
+natural model of many classes). Scoring a candidate evaluates every held-out row once per class,
+so its cost grows with the square of the classes (minutes for 100, hours for 1,000)."""
+
 
 def target_candidates(hp: Mapping[str, Any], explicit: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The hyperparameters to choose between for one PC (one entry: nothing to choose).

@@ -423,8 +423,9 @@ def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.
     ``held`` (the client's validation rows of these columns, when it has at least
     :data:`~mpifc.federated.defaults.MIN_HELD_OUT`), else on a seeded fifth of ``x`` held out of
     the fit, after which the winner is refitted on all of ``x``. Ties go to the earlier candidate;
-    too few rows to hold out: the first candidate, unscored."""
-    from mpifc.federated.defaults import HELD_OUT_FRACTION, MIN_HELD_OUT
+    too few rows to hold out, or more than :data:`~mpifc.federated.defaults.MAX_SCORED_CLASSES`
+    classes: the first candidate, unscored."""
+    from mpifc.federated.defaults import HELD_OUT_FRACTION, MAX_SCORED_CLASSES, MIN_HELD_OUT
 
     meta = [plan.meta_types[f] for f in task.features]
     ks = [plan.n_categories.get(f, 0) for f in task.features]
@@ -433,7 +434,7 @@ def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.
     choice: dict[str, Any] | None = None
     hp = cands[0]
     model = None
-    if len(cands) > 1 and n_classes >= 2:
+    if len(cands) > 1 and 2 <= n_classes <= MAX_SCORED_CLASSES:
         j = task.features.index(plan.target)
         if held is not None and len(held) >= MIN_HELD_OUT:
             train, test, where = x, held, "validation rows"

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from data_prep.shards import load_manifest, read_client, read_test
+import mpifc.progress as progress
 from mpifc.errors import UserError
 from mpifc.federated.evaluate import Query, upward
 from mpifc.federated.one_pass import ids_digest
@@ -104,6 +105,7 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
     roots = []
     batch_seconds = []
     t_last = t_start
+    progress.phase(lambda: f"evaluating {n} test rows: {len(roots)} of {len(todo)} batches done")
     for b, (lo, hi) in enumerate(todo):
         if ctx.rank == 0 and evidence_from_querier:
             while posted < min(len(todo), b + 1 + EVIDENCE_AHEAD):
@@ -167,7 +169,9 @@ def evaluate_gathered(cfg: dict[str, Any], device: str | None = None) -> dict[st
     t_start = time.perf_counter()
     roots = []
     batch_seconds = []
-    for lo, hi in batches(len(test.x), int(cfg["batch"])):
+    todo = batches(len(test.x), int(cfg["batch"]))
+    progress.phase(lambda: f"evaluating {len(test.x)} test rows: {len(roots)} of {len(todo)} batches done")
+    for lo, hi in todo:
         t_batch = time.perf_counter()
         cols = {f: test.x[lo:hi, j].copy() for j, f in enumerate(test.features)}
         if query.expand_target is not None:
@@ -184,22 +188,26 @@ def evaluate_gathered(cfg: dict[str, Any], device: str | None = None) -> dict[st
 def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, cfg: dict[str, Any],
              mode: str) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": mode, "n_test": int(joint.shape[0])}
+    manifest = load_manifest(cfg["dir"]).raw
     if query.expand_target is not None:
         y = test.x[:, test.features.index(query.expand_target)].astype(np.int64)
         ll = joint[np.arange(len(y)), y]
         pred = np.argmax(joint, axis=1)
         out["accuracy"] = float((pred == y).mean())
-        out["f1"] = _f1(y, pred, query.n_classes)
-        out["f1_macro"] = _f1_macro(y, pred, query.n_classes)  # mean per-class F1 (the paper's Table 7)
+        per_class = _f1_per_class(y, pred, query.n_classes)
+        out["f1_macro"] = _f1_macro(y, pred, query.n_classes)  # the paper's Table 7 F1
+        labels = manifest.get("classes") if query.expand_target == manifest.get("target") else None
+        if not labels or len(labels) != len(per_class):
+            labels = list(range(len(per_class)))
+        out["f1_per_class"] = {str(lab): f for lab, f in zip(labels, per_class)}
     else:
         ll = joint[:, 0]
         out["accuracy"] = None
-        out["f1"] = None
         out["f1_macro"] = None
+        out["f1_per_class"] = None
     out["test_ll"] = float(ll.mean())
     from mpifc.federated.bpd import image_bpd, ll_measure  # bpd: null unless pixels are levels
 
-    manifest = load_manifest(cfg["dir"]).raw
     measure = ll_measure(manifest)
     out["ll_measure"], out["ll_units"] = measure["measure"], measure["text"]
     out["bpd"] = image_bpd(manifest, joint, query.expand_target)
@@ -213,33 +221,21 @@ def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, c
     return out
 
 
-def _f1_macro(y: np.ndarray, pred: np.ndarray, n_classes: int) -> float:
-    """Macro-averaged F1: the mean over classes ``0..n_classes-1`` of each class's F1 (0 for a
-    class neither present nor predicted). A majority-class predictor on two classes scores about
-    0.48 on credit, the value Table 7 gives FedAvg/SplitNN there, hence the paper's F1 is read
-    as this one."""
-    f1s = []
+def _f1_per_class(y: np.ndarray, pred: np.ndarray, n_classes: int) -> list[float | None]:
+    """Each class's F1, for classes ``0..n_classes-1``; None for a class neither among the rows
+    nor predicted (its F1 is undefined)."""
+    f1s: list[float | None] = []
     for k in range(n_classes):
         tp = int(np.count_nonzero((y == k) & (pred == k)))
         denom = int(np.count_nonzero(y == k)) + int(np.count_nonzero(pred == k))
-        f1s.append(2.0 * tp / denom if denom else 0.0)
+        f1s.append(2.0 * tp / denom if denom else None)
+    return f1s
+
+
+def _f1_macro(y: np.ndarray, pred: np.ndarray, n_classes: int) -> float:
+    """Macro-averaged F1: the mean of :func:`_f1_per_class` over the classes among the rows or
+    predicted, as ``sklearn.metrics.f1_score(average="macro")`` (0 without any). A
+    majority-class predictor on two classes scores about 0.48 on credit, the value Table 7 gives
+    FedAvg/SplitNN there, hence the paper's F1 is read as this one."""
+    f1s = [f for f in _f1_per_class(y, pred, n_classes) if f is not None]
     return float(np.mean(f1s)) if f1s else 0.0
-
-
-def _f1(y: np.ndarray, pred: np.ndarray, n_classes: int) -> float:
-    """``sklearn.metrics.f1_score`` (binary for two classes, else macro), without importing
-    sklearn (seconds of start-up on rank 0) in the common binary case.
-
-    For labels in {0, 1} and ``2·tp + fp + fn > 0`` sklearn computes exactly
-    ``2·tp / ((tp + fn) + (tp + fp))``, one float64 division of two exact integers, so the
-    result is bit-identical; every other case (multi-class, other labels, an undefined score
-    and its warning) goes to sklearn itself.
-    """
-    if n_classes == 2 and len(y) and np.isin(y, (0, 1)).all() and np.isin(pred, (0, 1)).all():
-        tp = int(np.count_nonzero((y == 1) & (pred == 1)))
-        denom = int(np.count_nonzero(y == 1)) + int(np.count_nonzero(pred == 1))
-        if denom > 0:
-            return float(np.float64(2 * tp) / np.float64(denom))
-    from sklearn.metrics import f1_score
-
-    return float(f1_score(y, pred, average="binary" if n_classes == 2 else "macro"))

@@ -9,9 +9,13 @@ job succeeded (:mod:`mpifc.runtime.outputs`).
 """
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
+import mpifc.progress as progress
 from mpifc.atomic import check_outputs
 from mpifc.errors import UserError
 from mpifc.federated.one_pass import clusters_without_target
@@ -42,6 +46,30 @@ def bytes_by_phase(table: Any, phases: tuple[str, ...] | None = None) -> dict[st
         if phases is None or name in phases:
             out[name] = out.get(name, 0) + int(pb + hb)
     return out
+
+
+def process_started() -> float:
+    """``time.perf_counter()`` at this process's start: from ``/proc`` on Linux (to the clock
+    tick), else now. So a job's wall time includes the interpreter's start and the imports."""
+    now = time.perf_counter()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time after boot
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - age if 0.0 <= age < 86_400.0 else now
+
+
+def warn_idle_ranks(ctx: Any, used: int, what: str) -> None:
+    """On rank 0: one line on stderr when ``mpiexec`` started more ranks than the job uses."""
+    if ctx.rank == 0 and ctx.size > used:
+        idle = f"rank {used}" if ctx.size == used + 1 else f"ranks {used}-{ctx.size - 1}"
+        sys.stderr.write(f"mpifc: warning: mpiexec started {ctx.size} ranks, but {what} uses {used}; {idle} "
+                         f"will idle (run mpiexec -n {used})\n")
+        sys.stderr.flush()
 
 
 def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any]:
@@ -90,6 +118,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
     from data_prep.shards import input_files, load_manifest
     from mpifc.runtime.job import run_job
 
+    started = process_started()
     m = load_manifest(cfg["dir"])
     if clusters_without_target(cfg["hyperparameters"]) and m.target is None:
         raise UserError(f"--cluster-without-target: the manifest of {cfg['dir']} names no target column")
@@ -110,11 +139,16 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         if summary is not None and on_summary is not None:
             summary["bytes_by_phase"] = bytes_by_phase(table)
             summary["clients"] = m.n_clients
+            # the job's wall time on rank 0, from its process's start to every rank's end
+            summary["job_wall_seconds"] = time.perf_counter() - started
             on_summary(summary)
 
     def job(ctx: Any) -> int:
         ctx.config = cfg  # one dict, so on_ledger sees rank 0's summary
-        return _train_job(ctx)
+        warn_idle_ranks(ctx, n_servers + m.n_clients,
+                        f"training {m.n_clients} clients" + (f" with {n_servers} servers" if n_servers > 1 else ""))
+        with progress.ticker("mpifc train", bool(cfg.get("progress")) and ctx.rank == 0):
+            return _train_job(ctx)
 
     return run_job(job, config=cfg, servers=n_servers, min_clients=m.n_clients,
                    deadline=deadline, liveness=liveness, ledger_csv=ledger, on_ledger=on_ledger, device=device)
@@ -182,7 +216,10 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
     def job(ctx: Any) -> int:
         ctx.config = cfg  # share one dict so on_ledger sees rank 0's result
         cfg["_stage"] = ctx.stage  # output files (--out, --output-npz) appear only if the job succeeds
-        return _evaluate_job(ctx)
+        if cfg["distributed"]:
+            warn_idle_ranks(ctx, need, "this model's circuit")
+        with progress.ticker("mpifc evaluate", bool(cfg.get("progress")) and ctx.rank == 0):
+            return _evaluate_job(ctx)
 
     return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline, liveness=liveness,
                    ledger_csv=ledger, on_ledger=on_ledger, device=device)
@@ -249,8 +286,10 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
     need = max(fc.ranks()) + 1
 
     def job(ctx: Any) -> int:
-        rows = load_rows() if ctx.rank == 0 else None
-        answer = query_rank(ctx, cfg, rows)
+        warn_idle_ranks(ctx, need, "this model's circuit")
+        with progress.ticker("mpifc query", bool(cfg.get("progress")) and ctx.rank == 0):
+            rows = load_rows() if ctx.rank == 0 else None
+            answer = query_rank(ctx, cfg, rows)
         if ctx.rank == 0:
             cfg["_answer"] = answer
         return 0

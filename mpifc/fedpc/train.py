@@ -52,6 +52,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+import mpifc.progress as progress
 from mpifc.errors import UserError
 from mpifc.federated.assign import assign, client_rank_map
 from mpifc.federated.one_pass import (
@@ -304,6 +305,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     walls: dict[str, float] = {}
     ctx.ledger.set_phase("declare")
     ctx.enter("read")  # the clients read their shards and declare them
+    progress.phase(f"waiting for {len(ranks)} clients to read and declare their shards")
     decls = []
     for c in sorted(ranks):
         raw = t.recv_obj(ranks[c], P.DECLARE)
@@ -345,6 +347,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             warm_up({task.learner for task in plan.tasks} - {"dt"}, cluster=False)
         ctx.ledger.set_phase("learn")
         ctx.enter("learn")
+        progress.phase(lambda: f"learning: {len(reports)} of {len(ranks)} clients done")
         t_learn = time.perf_counter()
         for c in sorted(ranks):
             reports.append(_recv_report(t, plan, c, ranks[c]))
@@ -353,11 +356,13 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
                           f"{plan.declarations[c].n_rows} rows "
                           f"[{len(reports)}/{len(ranks)} clients, {time.perf_counter() - t_learn:.1f} s]")
     ctx.enter("assemble")
+    progress.phase("assembling the federated circuit")
     with _clock(busy, walls, "assemble"):
         fc = builder.assemble(plan, reports, ranks)
         assign(fc, cfg["assign"], n_servers)
     ctx.ledger.set_phase("gather")
     ctx.enter("gather")
+    progress.phase("gathering the clients' PCs")
     client_times = {}
     busy["deserialize"] = walls["deserialize"] = 0.0
     for rep in reports:
@@ -379,6 +384,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
             save_fc(fc, ctx.stage(cfg["em_initial_model"]))
         ctx.ledger.set_phase("em")
         ctx.enter("em")
+        progress.phase(f"exact EM, {int(cfg['em_iters'])} iterations")
         with _clock(busy, walls, "em"):
             if manifest.setting == "vertical":
                 em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
@@ -428,6 +434,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
     }
     fc.meta.update(train=summary, codec=model_codec(manifest))
     ctx.enter("write")
+    progress.phase("writing the model")
     # Written beside its final path; in place only once every rank has finished (run_job).
     save_fc(fc, ctx.stage(cfg["model"]))
     for c in sorted(ranks):
@@ -436,11 +443,12 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
 
 
 def _progress(line: str) -> None:
-    """One progress line on stderr (the summary goes to stdout), for runs a person watches."""
-    import sys
-
-    sys.stderr.write(f"mpifc train: {line}\n")
-    sys.stderr.flush()
+    """One progress line on stdout, beside the human summary, for runs a person watches:
+    through the running ticker (:mod:`mpifc.progress`), which then stays quiet for a while."""
+    if progress.running():
+        progress.say(line)
+        return
+    print(f"mpifc train: {line}", flush=True)
 
 
 def model_codec(manifest: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The floors of the house: which package may import which, read from the source with ``ast``.
 
-Ground up: ``mpifc.errors``/``mpifc.atomic`` (utilities), ``circuit``, ``federated``, ``runtime``,
+Ground up: ``mpifc.errors``/``mpifc.atomic``/``mpifc.progress`` (utilities), ``circuit``, ``federated``, ``runtime``,
 ``fedpc``, then ``experiments``/``baselines``/``analysis``/``ngm``, and ``cli`` on top.
 ``data_prep`` stands beside the floors (it may use the utilities only).
 """
@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("mpifc", "data_prep")
-UTILITIES = {"mpifc.errors", "mpifc.atomic"}
+UTILITIES = {"mpifc.errors", "mpifc.atomic", "mpifc.progress"}
 FACADE = "mpifc"  # the package itself: ``__version__``, and ``load``/``simulate`` from mpifc.api on first use
 
 

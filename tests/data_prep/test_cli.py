@@ -47,8 +47,8 @@ def test_module_exits_2_with_one_line(tmp_path, case):
                       rows[:30] + ["41,oslo,0.5"] + rows[31:])
     args = {"unknown": ["--dataset", "imagenet", "--out", "o"],
             "malformed": ["--dataset", "csv", "--path", str(data), "--out", "o"],
-            # --encode none keeps scikit-learn out of the subprocess (a slow import)
-            "too_many_clients": ["--dataset", "csv", "--path", str(data), "--encode", "none",
+            # --categoricals codes keeps scikit-learn out of the subprocess (a slow import)
+            "too_many_clients": ["--dataset", "csv", "--path", str(data), "--categoricals", "codes",
                                  "--setting", "vertical", "--clients", "5", "--out", "o"]}[case]
     expected = {"unknown": "unknown dataset 'imagenet'",
                 "malformed": f"{data} line 31: expected 4 fields, got 3",
@@ -64,7 +64,7 @@ def test_module_exits_2_with_one_line(tmp_path, case):
 def test_csv_round_trip_through_the_cli(tmp_path, capsys):
     data = _write_csv(tmp_path, _rows())
     assert main(["--dataset", "csv", "--path", str(data), "--setting", "vertical",
-                 "--clients", "2", "--label-owner", "all", "--encode", "none",
+                 "--clients", "2", "--label-owner", "all", "--categoricals", "codes",
                  "--out", str(tmp_path / "o")]) == 0
     assert "client 1: 48 train rows, 12 test rows" in capsys.readouterr().out
     m = S.load_manifest(tmp_path / "o")
@@ -145,7 +145,7 @@ def test_same_seed_same_checksums_across_processes(tmp_path):
     for k, hash_seed in enumerate(("1", "2")):
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED=hash_seed)
         proc = subprocess.run([sys.executable, "-m", "data_prep", "--dataset", "csv", "--path",
-                               str(data), "--encode", "none", "--setting", "hybrid",
+                               str(data), "--categoricals", "codes", "--setting", "hybrid",
                                "--clients", "2", "--shared-features", "1", "--seed", "9",
                                "--out", f"o{k}"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=120)

@@ -90,7 +90,7 @@ def test_target_encoding_maps_a_category_to_one_value_matching_the_class_rate():
 
 
 def test_target_encoding_needs_a_binary_target():
-    with pytest.raises(UserError, match="--encode target needs a binary target"):
+    with pytest.raises(UserError, match="--categoricals target needs a binary target"):
         Preprocessor.fit(make_table(n_classes=3), TRAIN)
     one_class = make_table()
     one_class.y[:] = 0
