@@ -13,7 +13,7 @@ from data_prep.partition import SETTINGS, SPLITS
 from data_prep.prepare import VALID_MODES, PrepConfig, prepare
 from data_prep.preprocess import ENCODINGS
 from data_prep.transforms import MAX_LEVELS, SCALES
-from data_prep.shards import write_shards
+from data_prep.shards import check_out_folder, write_shards
 
 
 def _label_owner(text: str) -> int | str:
@@ -99,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--split segment: weight of a matching row for its client (default 4)")
     p.add_argument("--out", metavar="DIR",
                    help="required (unless --list): output directory; an earlier shard set there is replaced "
-                        "atomically, a folder holding anything else is refused")
+                        "atomically, a folder holding anything else is refused (unless --overwrite), and a "
+                        "folder holding the data's own files is never replaced")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out even when it holds files that are not a shard set (the whole folder "
+                        "goes); never a folder that holds a file the data is read from")
     return p
 
 
@@ -116,6 +120,14 @@ def list_datasets(out=None) -> None:
               f"source: {info.source}", file=out)
 
 
+def _given_sources(path: str | None) -> list[Path]:
+    """``--path`` and, for a file, the schema beside it (``data.csv`` -> ``data.schema.json``)."""
+    if not path:
+        return []
+    p = Path(path)
+    return [p, p.with_name(p.stem + ".schema.json")] if p.is_file() else [p]
+
+
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run; UserError propagates to :func:`main`."""
     args = build_parser().parse_args(argv)
@@ -124,6 +136,9 @@ def run(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         raise UserError("--out DIR is required (or use --list)")
+    # Refused before any work where the flags tell already (write_shards checks again, with
+    # every file the data was read from).
+    check_out_folder(Path(args.out).resolve(), _given_sources(args.path), args.overwrite)
     config = PrepConfig(dataset=args.dataset, path=args.path, data_root=args.data_root,
                         setting=args.setting, clients=args.clients, seed=args.seed,
                         split=args.split, alpha=args.alpha, label_owner=args.label_owner,
@@ -134,7 +149,7 @@ def run(argv: list[str] | None = None) -> int:
                         overlap=args.overlap, segments=tuple(args.segment),
                         oversample=args.oversample, valid=args.valid)
     prepared = prepare(**{f: getattr(config, f) for f in config.__dataclass_fields__})
-    manifest = write_shards(prepared, Path(args.out))
+    manifest = write_shards(prepared, Path(args.out), overwrite=args.overwrite)
     for c in manifest.clients:
         valid = f", {c['n_valid']} validation rows" if c.get("n_valid") else ""
         print(f"client {c['index']}: {c['n_train']} train rows, {c['n_test']} test rows{valid}, "
