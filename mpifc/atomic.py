@@ -14,9 +14,10 @@ else is refused unless the user gives ``--overwrite``. The job's own inputs and 
 shard manifest or a model records (the user's CSV, its schema, the shards) are never replaced,
 not even with ``--overwrite``.
 
-Testing hook: ``MPIFC_FAULT_DISK_FULL=N`` lets this process write N more bytes of output files,
-after which every write fails as on a full disk (``ENOSPC``): the failure path of every output
-is tested without mounting a small file system.
+Testing hook: ``MPIFC_FAULT_DISK_FULL=N`` lets this process write N bytes of output files, after
+which every write fails as on a full disk (``ENOSPC``); ``MPIFC_FAULT_DISK_FULL=NAME`` makes only
+the writes of output files named NAME fail so. The failure path of every output is tested
+without mounting a small file system.
 """
 from __future__ import annotations
 
@@ -57,13 +58,15 @@ def name_output(path: str | os.PathLike, label: str) -> None:
 
 
 def output_label(path: str | os.PathLike) -> str:
-    """How error messages name the output file ``path`` (see :func:`name_output`; a file in a
+    """How error messages name the output file ``path`` (see :func:`name_output`; a file under a
     named output folder is named by the folder's flag)."""
     key = _key(path)
     if key in _LABELS:
         return _LABELS[key]
-    folder = _LABELS.get(os.path.dirname(key))
-    return f"{folder}/{os.path.basename(key)}" if folder else str(path)
+    for folder in Path(key).parents:
+        if str(folder) in _LABELS:
+            return f"{_LABELS[str(folder)]}/{Path(key).relative_to(folder)}"
+    return str(path)
 
 
 def write_error(path: str | os.PathLike, exc: BaseException) -> UserError:
@@ -76,22 +79,24 @@ def write_error(path: str | os.PathLike, exc: BaseException) -> UserError:
 _written = 0  # bytes this process wrote through _write_all (for the disk-full testing hook)
 
 
-def _disk_budget() -> int | None:
+def _room(path: str | os.PathLike, size: int) -> int | None:
+    """How many of ``size`` bytes the :data:`DISK_FULL_ENV` hook lets a write of ``path`` take
+    before it fails (None: the whole write goes through)."""
     text = os.environ.get(DISK_FULL_ENV, "").strip()
     if not text:
         return None
-    try:
-        return max(int(text), 0)
-    except ValueError:
-        raise UserError(f"{DISK_FULL_ENV}={text!r}: expected a number of bytes") from None
+    if not text.isdigit():  # a file name: only its writes fail, half-way
+        name = os.path.basename(output_label(path).split(" ", 1)[-1])
+        return size // 2 if name == text else None
+    budget = int(text)
+    return max(budget - _written, 0) if _written + size > budget else None
 
 
 def _write_all(f: Any, data: bytes | memoryview, path: str | os.PathLike) -> None:
-    """``f.write(data)``, failing with ENOSPC past the :data:`DISK_FULL_ENV` budget."""
+    """``f.write(data)``, failing with ENOSPC where the :data:`DISK_FULL_ENV` hook says."""
     global _written
-    budget = _disk_budget()
-    if budget is not None and _written + len(data) > budget:
-        room = max(budget - _written, 0)
+    room = _room(path, len(data))
+    if room is not None:
         f.write(data[:room])  # a full disk takes what fits, then refuses
         _written += room
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
@@ -108,11 +113,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     :class:`UserError` naming ``path`` (:func:`write_error`).
     """
     path = Path(path)
+    made = [p for p in path.absolute().parents if not p.exists()]  # deepest first
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as e:
+        _remove_empty(made)
         raise write_error(path, e) from None
     tmp = Path(tmp_name)
     name_output(tmp, output_label(path))
@@ -120,14 +127,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise write_error(path, e) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove_empty(made)  # the folders made for it go too
+        if isinstance(e, OSError):
+            raise write_error(path, e) from None
         raise
     finally:
         _LABELS.pop(_key(tmp), None)
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove ``folders`` (deepest first) where they are empty."""
+    for d in folders:
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -138,7 +138,7 @@ def is_result_folder(folder: Path) -> bool:
 def check_result_folder(out: Path, overwrite: bool) -> None:
     """Refuse a result folder that cannot be written, or (unless ``overwrite``) an existing folder
     that holds files but no experiment results: one line naming ``--out``."""
-    from mpifc.atomic import write_problem
+    from mpifc.atomic import name_output, write_problem
 
     problem = write_problem(out, folder=True)
     if problem is not None:
@@ -147,6 +147,7 @@ def check_result_folder(out: Path, overwrite: bool) -> None:
         first = sorted(p.name for p in out.iterdir())[0]
         raise UserError(f"--out {out}: holds files that are not experiment results, e.g. {out / first}; "
                         f"refusing to write into it (choose a new folder, or give --overwrite)")
+    name_output(out, f"--out {out}")  # a failed write of a result names the flag
 
 
 def mark_result_folder(out: Path, name: str) -> None:

@@ -125,23 +125,23 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
     from data_prep.shards import input_files, load_manifest, source_files
     from mpifc.atomic import Output, OutputKind, check_outputs
     from mpifc.federated.serialize import MODEL_OUTPUT, is_model_file
-    from mpifc.ngm.job import audit_client_sends
+    from mpifc.runtime.job import run_job
     from mpifc.runtime.ledger import LEDGER_OUTPUT
 
-    LOCAL_MODELS_OUTPUT = OutputKind("an mpifc model", is_model_file, members=r"client-\d+(-stitched)?\.h5")
-    from mpifc.runtime.job import run_job
-
-    if cfg["fold"] is not None:
-        fold_rows(cfg["folds"], cfg["folds"], cfg["fold"], 0)  # validates --fold/--folds
-    _settings(cfg)  # bad settings fail here, before any rank starts
+    local_models = OutputKind("an mpifc model", is_model_file, members=r"client-\d+(-stitched)?\.h5")
     inputs = input_files(load_manifest(cfg["dir"]))
     if cfg.get("public"):
         inputs += input_files(load_manifest(cfg["public"]))
     check_outputs([Output("--model", cfg["model"], MODEL_OUTPUT), Output("--ledger", ledger, LEDGER_OUTPUT),
-                   Output("--save-local", cfg.get("save_local"), LOCAL_MODELS_OUTPUT)], inputs,
+                   Output("--save-local", cfg.get("save_local"), local_models)], inputs,
                   source_files(load_manifest(cfg["dir"])), overwrite=bool(cfg.get("overwrite")))
+    if cfg["fold"] is not None:
+        fold_rows(cfg["folds"], cfg["folds"], cfg["fold"], 0)  # validates --fold/--folds
+    _settings(cfg)  # bad settings fail here, before any rank starts
 
     def on_ledger(table: Any) -> None:
+        from mpifc.ngm.job import audit_client_sends
+
         audit = audit_client_sends(table)  # raises on a forbidden payload class
         summary = cfg.get("_summary") or {}
         rows = table.rows
