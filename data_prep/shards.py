@@ -257,7 +257,7 @@ def write_shards(source: ShardSource, out_dir: str | Path, overwrite: bool = Fal
     Returns:
         The manifest of the written directory.
     """
-    from mpifc.atomic import atomic_write_text, name_output
+    from mpifc.atomic import atomic_write_text, name_output, remove_empty_folders
 
     out = Path(out_dir).resolve()
     sources = [f for f in source.manifest_fields().get("source", {}).get("files", []) if isinstance(f, str)]
@@ -267,7 +267,7 @@ def write_shards(source: ShardSource, out_dir: str | Path, overwrite: bool = Fal
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as exc:
-        _remove_empty(made)
+        remove_empty_folders(made)
         raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
     name_output(tmp, f"--out {out}")  # a failed write names the folder the user gave
     try:
@@ -315,22 +315,13 @@ def write_shards(source: ShardSource, out_dir: str | Path, overwrite: bool = Fal
             os.replace(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(made)
+        remove_empty_folders(made)
         raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(made)
+        remove_empty_folders(made)
         raise
     return load_manifest(out)
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove the folders a failed write made (deepest first), where still empty."""
-    for d in folders:
-        try:
-            d.rmdir()
-        except OSError:
-            pass
 
 
 # --------------------------------------------------------------------------- reading

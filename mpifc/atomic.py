@@ -119,7 +119,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as e:
-        _remove_empty(made)
+        remove_empty_folders(made)
         raise write_error(path, e) from None
     tmp = Path(tmp_name)
     name_output(tmp, output_label(path))
@@ -129,7 +129,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        _remove_empty(made)  # the folders made for it go too
+        remove_empty_folders(made)  # the folders made for it go too
         if isinstance(e, OSError):
             raise write_error(path, e) from None
         raise
@@ -137,8 +137,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         _LABELS.pop(_key(tmp), None)
 
 
-def _remove_empty(folders: Sequence[Path]) -> None:
-    """Remove ``folders`` (deepest first) where they are empty."""
+def remove_empty_folders(folders: Sequence[Path]) -> None:
+    """Remove ``folders`` (in the order given: deepest first) where they are empty (the folders a
+    failed write made)."""
     for d in folders:
         try:
             d.rmdir()

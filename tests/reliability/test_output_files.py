@@ -194,7 +194,7 @@ def test_an_answer_replaces_an_earlier_answer_and_overwrite_replaces_a_users_fil
     assert run_here(ask + ["--what", "ll", "--out", str(out)], capsys)[0] == 0
     assert run_here(ask + ["--what", "predict", "--out", str(out)], capsys)[0] == 0  # an answer: replaced
     assert out.read_text().startswith("row,readmitted,")
-    out.write_text("my,own,table\n1,2,3\n")
+    out.write_text("a,users,table\n1,2,3\n")
     code, err = run_here(ask + ["--what", "ll", "--out", str(out)], capsys)
     one_line(code, err, "--out", "exists and is not an answer file", "--overwrite")
     assert run_here(ask + ["--what", "ll", "--out", str(out), "--overwrite"], capsys)[0] == 0
