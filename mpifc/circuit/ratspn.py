@@ -28,7 +28,7 @@ import torch
 from mpifc.circuit import graph as G
 from mpifc.circuit.io import register_model
 from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, MIN_FLOW, Categorical, Gaussian, Leaf, Params
-from mpifc.circuit.leaves.base import bad_value
+from mpifc.circuit.leaves.base import bad_value, grouped_weights_problem
 from mpifc.errors import UserError
 
 _TINY = 1e-300
@@ -692,15 +692,6 @@ class RatSPN:
         return obj
 
 
-def _weights_problem(name: str, w: np.ndarray, axes: tuple[int, ...], tol: float) -> str | None:
-    if not (np.all(np.isfinite(w)) and np.all(w >= 0)):
-        return f"{name!r} holds a weight that is negative or not finite"
-    total = w.sum(axis=axes)
-    if total.size and float(np.max(np.abs(total - 1.0))) > tol:
-        return f"{name!r} are not normalised (a group sums to {float(total.flat[np.argmax(np.abs(total - 1.0))])!r})"
-    return None
-
-
 def _slots_problem(leaf_cls: Any, P: dict[str, np.ndarray], tol: float) -> str | None:
     """What is wrong with stacked leaf parameters ``P`` (numpy, one row per leaf slot)."""
     if leaf_cls is MixedLeaves:
@@ -724,9 +715,9 @@ def _slots_problem(leaf_cls: Any, P: dict[str, np.ndarray], tol: float) -> str |
 def _parameter_problem(model: "RatSPN") -> str | None:
     """What is wrong with a loaded RAT-SPN's weights and leaf parameters, or None."""
     tol = 1e-4 if model.dtype == torch.float32 else 1e-6
-    problem = _weights_problem("root_weights", model.root_weights.double().numpy(), (0, 1), tol)
+    problem = grouped_weights_problem("root_weights", model.root_weights.double().numpy(), (0, 1), tol)
     for i, W in enumerate(model.weights):
-        problem = problem or _weights_problem(f"weights{i}", W.double().numpy(), (3,), tol)
+        problem = problem or grouped_weights_problem(f"weights{i}", W.double().numpy(), (3,), tol)
     P = {k: v.numpy().astype(np.int64 if k.startswith("len_") else np.float64) for k, v in model.P.items()}
     return problem or _slots_problem(model.leaf_cls, P, tol)
 

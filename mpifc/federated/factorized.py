@@ -210,9 +210,9 @@ class FactorizedModel:
         for j in range(d):
             if self.real[j]:
                 if not np.isfinite(self.mean[j]):
-                    return f"'mean'[{j}] = {self.mean[j]!r}: a mean must be finite"
+                    return f"'mean'[{j}] = {float(self.mean[j])!r}: a mean must be finite"
                 if not (np.isfinite(self.var[j]) and self.var[j] > 0):
-                    return f"'var'[{j}] = {self.var[j]!r}: a variance must be finite and > 0"
+                    return f"'var'[{j}] = {float(self.var[j])!r}: a variance must be finite and > 0"
                 continue
             lp = np.asarray(self.log_probs[j, : self.n_categories[j]], dtype=np.float64)
             if not np.all(np.isfinite(lp)):

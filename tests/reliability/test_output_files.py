@@ -144,13 +144,24 @@ def test_every_output_flag_at_every_input_file_is_refused_in_one_line(user, tmp_
         want = _expected(template, flag, kind, name)
         if want is None:
             continue
-        for extra in ([], ["--overwrite"]):
-            if extra and want == "exists and is not":
-                continue  # --overwrite lets it replace a file of another kind (see below)
-            code, err = run_here(_argv(template, user, user / name, tmp_path / "new") + extra, capsys)
-            one_line(code, err, flag, name, want)
+        # --overwrite lets an output replace a file of another kind (tested below), nothing else
+        extra = [] if want == "exists and is not" else ["--overwrite"]
+        code, err = run_here(_argv(template, user, user / name, tmp_path / "new") + extra, capsys)
+        one_line(code, err, flag, name, want)
     assert digests(user) == before
     assert not (tmp_path / "new").exists()
+
+
+def test_data_prep_out_at_every_input_file_and_at_the_folder_holding_them(user, capsys):
+    before = digests(user)
+    prep = ["--dataset", "csv", "--path", str(user / "patients.csv"), "--out"]
+    for name in TARGETS:
+        code = prep_main(prep + [str(user / name), "--overwrite"])
+        one_line(code, capsys.readouterr().err, "--out", name, "is a file, not a folder")
+    for extra in ([], ["--overwrite"]):  # the folder holding the CSV: its files are never replaced
+        code = prep_main(prep + [str(user)] + extra)
+        one_line(code, capsys.readouterr().err, f"--out {user}", "patients.csv", "even with --overwrite")
+    assert digests(user) == before
 
 
 def test_the_users_csv_as_a_model_is_refused_under_mpiexec(user, tmp_path):

@@ -21,6 +21,7 @@ import torch
 from mpifc.circuit.einet.layers import EinsumLayer, MixingLayer
 from mpifc.circuit.einet.leaves import LEAF_FAMILIES, LeafFamily
 from mpifc.circuit.einet.region_graph import RegionGraph, poon_domingos, random_binary_trees
+from mpifc.circuit.leaves.base import grouped_weights_problem
 from mpifc.errors import UserError
 
 ArrayLike = np.ndarray | torch.Tensor
@@ -543,12 +544,9 @@ def parameter_problem(model: EiNet) -> str | None:
     groups = [(f"einsum_{i}", w, (2, 3)) for i, w in enumerate(model.einsum_weights)] + \
              [(f"mixing_{i}", v, (2,)) for i, v in enumerate(model.mixing_weights)]
     for name, w, axes in groups:
-        w = w.detach().double().cpu().numpy()
-        if not (np.all(np.isfinite(w)) and np.all(w >= 0)):
-            return f"{name!r} holds a weight that is negative or not finite"
-        total = w.sum(axis=axes)
-        if total.size and float(np.max(np.abs(total - 1.0))) > tol:
-            return f"{name!r} are not normalised (a group sums to {float(total.flat[np.argmax(np.abs(total - 1.0))])!r})"
+        problem = grouped_weights_problem(name, w.detach().double().cpu().numpy(), axes, tol)
+        if problem is not None:
+            return problem
     for name, t in model.leaf.params.items():
         a = t.detach().double().cpu().numpy()
         if not np.all(np.isfinite(a)):

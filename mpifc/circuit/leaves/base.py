@@ -263,6 +263,18 @@ def weights_problem(w: np.ndarray, tol: float) -> str | None:
     return None
 
 
+def grouped_weights_problem(name: str, w: np.ndarray, axes: tuple[int, ...], tol: float) -> str | None:
+    """:func:`weights_problem` for an array of weight groups (RAT-SPN and EiNet layers): every
+    weight finite and >= 0, each group along ``axes`` summing to 1 within ``tol``."""
+    if not (np.all(np.isfinite(w)) and np.all(w >= 0)):
+        return f"{name!r} holds a weight that is negative or not finite"
+    sums = np.ravel(w.sum(axis=axes))
+    worst = int(np.argmax(np.abs(sums - 1.0))) if sums.size else 0
+    if sums.size and abs(float(sums[worst]) - 1.0) > tol:
+        return f"{name!r} are not normalised (a group sums to {float(sums[worst])!r})"
+    return None
+
+
 def _np_safe_log(p: np.ndarray) -> np.ndarray:
     """:func:`_safe_log` in numpy."""
     with np.errstate(divide="ignore", invalid="ignore"):
