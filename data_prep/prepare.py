@@ -6,6 +6,8 @@ these two calls directly; the CLI is a thin layer over them.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -259,7 +261,7 @@ class PreparedData:
                   "label_owner": info.pop("label_owner"), "partition": info,
                   "n_train": int(self.train_rows.size), "n_test": int(self.test_rows.size),
                   "n_valid": int(self.valid_rows.size),
-                  "source": {"files": t.source_files, "splits": t.source_splits},
+                  "source": {"files": source_paths(t.source_files), "splits": t.source_splits},
                   "config": _json_config(c)}
         if t.schema_info is not None:
             fields["skipped_columns"] = [c["name"] for c in t.schema_info["schema"]["columns"]
@@ -353,3 +355,10 @@ def prepare(**kwargs) -> PreparedData:
     table = load_dataset(config.dataset, config.path, config.data_root, target=config.target,
                          schema=config.schema)
     return prepare_table(table, config)
+
+
+def source_paths(files: list[str]) -> list[str]:
+    """The files a table was read from, absolute where they are files on this machine (so every
+    later job, from any folder, knows which files it must never write over); other entries
+    (``sklearn.datasets.load_digits``) as they are."""
+    return [os.path.abspath(f) if os.path.exists(f) else f for f in files]

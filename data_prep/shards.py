@@ -72,7 +72,8 @@ dataset, the column and the first row.
 Writing (:func:`write_shards`) replaces an earlier shard set in ``DIR`` as a whole, atomically,
 and only a shard set: a folder that holds anything else (any file or folder besides
 ``manifest.json`` and the files it lists) is refused, naming the first such entry, and nothing
-in it is touched.
+in it is touched, unless the user gives ``--overwrite``. A folder that is or holds a file the
+data is read from (``source.files``, recorded as absolute paths) is never replaced.
 """
 from __future__ import annotations
 
@@ -182,8 +183,11 @@ def sha256_file(path: Path) -> str:
 
 
 def _write_h5(path: Path, arrays: dict[str, np.ndarray], attrs: dict) -> None:
-    # track_times off: the same data must give the same bytes, hence the same checksum
-    with h5py.File(path, "w") as f:
+    # Built in memory, so the HDF5 library never meets a full disk (an ordinary UserError then).
+    # track_times off: the same data must give the same bytes, hence the same checksum.
+    from mpifc.atomic import atomic_h5
+
+    with atomic_h5(path) as f:
         for name, arr in arrays.items():
             f.create_dataset(name, data=arr, track_times=False)
         for key, value in attrs.items():
@@ -225,40 +229,60 @@ def foreign_entries(out: Path) -> list[str]:
     return sorted(name for name in os.listdir(out) if name not in own)
 
 
-def _prepare_target_dir(out: Path) -> None:
-    """Refuse an output folder that cannot be written, or that holds anything but a shard set."""
+def check_out_folder(out: Path, sources: list[str | Path] = (), overwrite: bool = False) -> None:
+    """Refuse an output folder that cannot be written, that is or holds a source of the data
+    (``sources``: never replaced, not even with ``overwrite``), or that holds anything but a
+    shard set (unless ``overwrite``: then it is replaced as a whole).
+
+    Raises:
+        UserError: one line naming ``--out`` and the entry at fault.
+    """
     from mpifc.atomic import write_problem
 
     problem = write_problem(out, folder=True)
     if problem is not None:
         raise UserError(f"--out {out}: cannot be written: {problem}")
-    if out.is_dir():
-        foreign = foreign_entries(out)
-        if foreign:
-            what = "holds files that are not a shard set" if (out / MANIFEST).is_file() else \
-                "is not empty and holds no shard set (no manifest.json)"
-            raise UserError(f"--out {out}: {what}, e.g. {out / foreign[0]}; refusing to overwrite it "
-                            f"(choose an empty or new folder, or move that file away)")
+    if not out.is_dir():
+        return
+    real = out.resolve()
+    for src in sources:
+        if os.path.exists(src) and (Path(src).resolve() == real or real in Path(src).resolve().parents):
+            raise UserError(f"--out {out}: holds {src}, a source of this data set; refusing to overwrite it, "
+                            f"even with --overwrite (choose another folder)")
+    foreign = foreign_entries(out)
+    if foreign and not overwrite:
+        what = "holds files that are not a shard set" if (out / MANIFEST).is_file() else \
+            "is not empty and holds no shard set (no manifest.json)"
+        raise UserError(f"--out {out}: {what}, e.g. {out / foreign[0]}; refusing to overwrite it "
+                        f"(choose an empty or new folder, or give --overwrite to replace the whole folder)")
 
 
-def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
+def write_shards(source: ShardSource, out_dir: str | Path, overwrite: bool = False) -> Manifest:
     """Write every shard, the test set and the manifest to ``out_dir``, atomically.
 
     Everything goes to a temporary directory beside ``out_dir`` first, the manifest last;
-    only a complete set is renamed into place, replacing an earlier shard directory. A
-    failure leaves ``out_dir`` as it was. Shards are built and written one client at a
-    time, so only one client's float64 copy is in memory at once.
+    only a complete set is renamed into place, replacing an earlier shard directory (or, with
+    ``overwrite``, any folder that holds no source of the data: :func:`check_out_folder`). A
+    failure (a full disk included: a UserError naming the file) leaves ``out_dir`` as it was
+    and nothing beside it. Shards are built and written one client at a time, so only one
+    client's float64 copy is in memory at once.
 
     Returns:
         The manifest of the written directory.
     """
+    from mpifc.atomic import atomic_write_text, name_output, remove_empty_folders
+
     out = Path(out_dir).resolve()
-    _prepare_target_dir(out)
+    sources = [f for f in source.manifest_fields().get("source", {}).get("files", []) if isinstance(f, str)]
+    check_out_folder(out, sources, overwrite)
+    made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as exc:
+        remove_empty_folders(made)
         raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
+    name_output(tmp, f"--out {out}")  # a failed write names the folder the user gave
     try:
         os.chmod(tmp, 0o755)
         clients = []
@@ -285,16 +309,14 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
                     "clients": clients, "test": {"file": TEST_FILE, "n": int(test.x.shape[0]),
                                                  "sha256": sha256_file(tmp / TEST_FILE)}}
         del test
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
-            f.write("\n")
+        atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
         if out.exists():
             # a directory cannot be renamed over a non-empty one: move the old set aside
             # first, and put it back if the swap fails
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "previous")
             # Checked again now that nobody can add to it: only our own files are deleted.
-            foreign = foreign_entries(old / "previous")
+            foreign = [] if overwrite else foreign_entries(old / "previous")
             if foreign:
                 os.replace(old / "previous", out)
                 shutil.rmtree(old, ignore_errors=True)
@@ -311,9 +333,11 @@ def write_shards(source: ShardSource, out_dir: str | Path) -> Manifest:
             os.replace(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty_folders(made)
         raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty_folders(made)
         raise
     return load_manifest(out)
 
@@ -445,6 +469,13 @@ def input_files(manifest: Manifest) -> list[tuple[str, Path]]:
     d = Path(manifest.directory)
     return ([("the manifest", d / MANIFEST)] + [("shard", d / c["file"]) for c in manifest.clients]
             + [("test set", d / manifest.test["file"])])
+
+
+def source_files(manifest: Manifest) -> list[tuple[str, Path]]:
+    """``(what, path)`` of every file on this machine the shard set was made from (the user's
+    CSV and its schema, a dataset's files: ``source.files``), which no job may overwrite."""
+    files = (manifest.raw.get("source") or {}).get("files") or []
+    return [("source file", Path(f)) for f in files if isinstance(f, str) and os.path.isabs(f)]
 
 
 def _checked_file(directory: Path, entry: dict, verify: bool) -> Path:

@@ -131,6 +131,41 @@ def _load_npy(name: str, data: Path, schema: dict, schema_file: Path) -> RawTabl
                     source_files=[str(data), str(schema_file)])
 
 
+_HDF5 = b"\x89HDF\r\n\x1a\n"  # at offset 0, or 512, 1024, ... behind a user block (mpifc models)
+_BINARY_FORMATS = ((b"PK\x03\x04", "a zip archive (or .xlsx/.npz)"), (b"\x1f\x8b", "a gzip archive"),
+                   (b"\x93NUMPY", "a .npy array (name it *.npy)"))
+
+
+def _check_text(data: Path) -> None:
+    """Refuse a file that is plainly not delimited text, naming what it is."""
+    with open(data, "rb") as f:
+        head = f.read(4096)
+    found = [what for magic, what in _BINARY_FORMATS if head.startswith(magic)]
+    if any(head[at:at + 8] == _HDF5 for at in (0, 512, 1024, 2048)):
+        found.append("an HDF5 file (an mpifc model or shard?)")
+    if found:
+        raise UserError(f"{data}: {found[0]}, not a CSV (the csv dataset reads delimited UTF-8 text or .npy)")
+    if b"\0" in head:
+        raise UserError(f"{data}: not UTF-8 text (binary data, or another encoding such as UTF-16); "
+                        f"the csv dataset reads delimited UTF-8 text or .npy")
+
+
+def _first_bad_line(data: Path) -> int:
+    """The line of ``data`` holding its first byte sequence that is not UTF-8."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    with open(data, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as e:
+                return line + block.count(b"\n", 0, e.start)
+            line += block.count(b"\n")
+    return line
+
+
 def _choose_schema(data: Path, target: str | None, schema_file: Path | None) -> dict:
     """``{"schema", "source", "guesses"}``: the schema to read ``data`` with (module doc), where it
     came from (a file, or ``"inferred"``), and the inferred types' reasons (None for a file)."""
@@ -170,6 +205,8 @@ def load_user_table(name: str, data: Path, target: str | None = None,
     """
     if not data.is_file():
         raise UserError(f"{data}: not found")
+    if data.suffix != ".npy":
+        _check_text(data)
     info = _choose_schema(data, target, schema_file)
     schema = info["schema"]
     origin = data if info["source"] == "inferred" else Path(info["source"])
@@ -181,7 +218,11 @@ def load_user_table(name: str, data: Path, target: str | None = None,
     missing = frozenset(schema.get("missing", ["", "?", "NA"]))
     with open(data, encoding="utf-8-sig", newline="") as f:
         if schema.get("header", True):
-            header = next(csv.reader([f.readline()], delimiter=delimiter, skipinitialspace=True), [])
+            try:
+                line = f.readline()
+            except UnicodeDecodeError:
+                raise UserError(f"{data}: line {_first_bad_line(data)}: not UTF-8 text (save the file as UTF-8)") from None
+            header = next(csv.reader([line], delimiter=delimiter, skipinitialspace=True), [])
             order = [t.strip() for t in header]
         else:
             order = [c["name"] for c in schema["columns"]]

@@ -275,7 +275,8 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
              clusters: int | None = None, preset: str = "adaptive", products: int = 4, seed: int = 0, hyperparameters: Mapping[str, Any] | None = None,
              client_learners: Mapping[int, str] | None = None, assign: str = "flat", servers: int = 0,
              refine: str | None = None, em_iters: int | None = None,
-             model: str | os.PathLike | None = None, device: str | None = "auto") -> FederatedModel:
+             model: str | os.PathLike | None = None, device: str | None = "auto",
+             overwrite: bool = False) -> FederatedModel:
     """One-pass FedPC training in this process, as ``mpifc train`` does it over MPI.
 
     Every client's fit runs the same code, on the same rows, with the same plan and seeds as in
@@ -290,7 +291,9 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
             preset's, as when the flags are not given). ``refine="em"`` runs the same exact EM
             in this process (vertical: on the clients' aligned rows; otherwise on pooled
             statistics).
-        model: also write the model file here (atomically).
+        model: also write the model file here (atomically); it may replace only an earlier
+            model file (unless ``overwrite``), never a shard or a file the shards were made from.
+        overwrite: as ``mpifc train --overwrite``.
         device: where EiNet and RAT-SPN clients fit (and the model then answers), as in
             :func:`load`; LearnSPN, FC[DT] and factorised leaves fit on the CPU.
     """
@@ -299,10 +302,12 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     from mpifc.federated.assign import client_rank_map
     from mpifc.federated.hyperparameters import check_hyperparameters
     from mpifc.federated.one_pass import insert_models
-    from mpifc.federated.serialize import save_fc
+    from data_prep.shards import input_files, source_files
+    from mpifc.atomic import Output, check_outputs
+    from mpifc.federated.serialize import MODEL_OUTPUT, SOURCES, save_fc
     from mpifc.fedpc.data import read_client_data
     from mpifc.fedpc.job import resolve_glue_and_refine
-    from mpifc.fedpc.train import builder_from_config, client_plan, fit_client, model_codec
+    from mpifc.fedpc.train import builder_from_config, client_plan, fit_client, model_codec, recorded_sources
 
     from mpifc.federated.defaults import PRESETS
     from mpifc.federated.one_pass import record_hyperparameters
@@ -336,6 +341,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
 
     dev = _device(device, any(takes_device(name) for name in job_learners(cfg)))
     m = load_manifest(shards)
+    check_outputs([Output("model", model, MODEL_OUTPUT)], input_files(m), source_files(m), overwrite=overwrite)
     resolve_glue_and_refine(cfg, m)
     datas = [read_client_data(shards, c) for c in range(m.n_clients)]
     builder = builder_from_config(cfg)
@@ -350,7 +356,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     if cfg["refine"] == "em":
         _simulate_em(fc, datas, m.setting, int(cfg["em_iters"]))
     record_hyperparameters(fc, plan)
-    fc.meta.update(codec=model_codec(m), simulated=True, preset=preset)
+    fc.meta.update(codec=model_codec(m), simulated=True, preset=preset, **{SOURCES: recorded_sources(m)})
     if model is not None:
         save_fc(fc, model)
     return FederatedModel(fc, path=None if model is None else str(Path(model)))

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
+from mpifc.atomic import OutputKind
 from mpifc.errors import UserError
 from mpifc.runtime.kinds import register_kind
 
@@ -67,6 +68,22 @@ def _write_npz(path: Path, **arrays: np.ndarray) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def is_agent_output(path: str | Path) -> bool:
+    """Whether ``path`` is an earlier output of these jobs: an ``.npz`` holding ``log_post`` and ``ids``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return {"log_post.npy", "ids.npy"} <= set(z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+AGENT_OUTPUTS = OutputKind("an agent output (.npz)", is_agent_output,
+                           members=r"(dl_ci|dl_di_agent\d+|cl_di_agent\d+)\.npz")
+"""``--out DIR``: the ``.npz`` files the agents write there."""
 
 
 def log_posterior(log_joint: np.ndarray) -> np.ndarray:
@@ -140,7 +157,7 @@ def _dl_job(ctx: Any) -> int:
                 raise UserError(f"agent {k} (rank {k + 1}) holds test rows that do not match {cfg['dir']}/test.h5")
         ctx.ledger.set_phase("query")
         local = [t.recv(k + 1, CLASS_LOGLIK) for k in range(k_agents)]
-        _write_npz(out / "dl_ci.npz", log_post=poe(local, log_prior), ids=test.ids, log_prior=log_prior)
+        _write_npz(ctx.stage(out / "dl_ci.npz"), log_post=poe(local, log_prior), ids=test.ids, log_prior=log_prior)
         return 0
     index = ctx.rank - 1
     data = read_client_data(cfg["dir"], index)
@@ -155,7 +172,7 @@ def _dl_job(ctx: Any) -> int:
     x = sh.x_test.copy()
     x[:, tcol] = np.nan  # the agent predicts its test labels; they are never evidence
     lj = class_log_joint(model, x, tcol, n_classes)
-    _write_npz(out / f"dl_di_agent{index}.npz", log_post=log_posterior(lj), ids=sh.ids_test, log_joint=lj)
+    _write_npz(ctx.stage(out / f"dl_di_agent{index}.npz"), log_post=log_posterior(lj), ids=sh.ids_test, log_joint=lj)
     ctx.ledger.set_phase("query-setup")
     t.send_obj({"n_test": int(sh.x_test.shape[0]), "ids_digest": ids_digest(sh.ids_test)}, 0, TEST_DECLARE)
     ctx.ledger.set_phase("query")
@@ -237,7 +254,7 @@ def _di_job(ctx: Any) -> int:
         if f != target:
             cols[f] = sh.x_test[:, j]
     lj = di_log_joint(fc, agent, cols, n, target, n_classes, tables)
-    _write_npz(out / f"cl_di_agent{agent}.npz", log_post=log_posterior(lj), ids=sh.ids_test, log_joint=lj)
+    _write_npz(ctx.stage(out / f"cl_di_agent{agent}.npz"), log_post=log_posterior(lj), ids=sh.ids_test, log_joint=lj)
     return 0
 
 
@@ -257,7 +274,7 @@ def ledger_bytes(table: Any) -> dict[str, dict[str, int]]:
 
 def run_agents(mode: str, directory: str, out: str, *, model: str | None = None, seed: int = 0,
                hyperparameters: dict[str, Any] | None = None, deadline: float = 600.0,
-               ledger: str | None = None, as_json: bool = False) -> int:
+               ledger: str | None = None, as_json: bool = False, overwrite: bool = False) -> int:
     """Run the ``dl`` or ``di`` job on every rank of ``COMM_WORLD``; returns the exit code.
 
     Args:
@@ -267,17 +284,23 @@ def run_agents(mode: str, directory: str, out: str, *, model: str | None = None,
         out: folder for the per-setting ``.npz`` outputs.
         hyperparameters: LearnSPN settings of the dl agents.
         as_json: rank 0 prints the ledger's bytes per phase as one JSON line.
+        overwrite: outputs may replace files of another kind (never an input or a source).
     """
-    from data_prep.shards import load_manifest
+    from data_prep.shards import input_files, load_manifest, source_files
+    from mpifc.atomic import Output, check_outputs
     from mpifc.runtime.job import run_job
+    from mpifc.runtime.ledger import LEDGER_OUTPUT
 
     if mode not in ("dl", "di"):
         raise UserError(f"mode must be dl or di, not {mode!r}")
     if mode == "di" and not model:
         raise UserError("di needs --model (the CL FedPC)")
-    Path(out).mkdir(parents=True, exist_ok=True)
+    m = load_manifest(directory)
+    inputs = input_files(m) + ([("the model", Path(model))] if model else [])
+    check_outputs([Output("--out", out, AGENT_OUTPUTS), Output("--ledger", ledger, LEDGER_OUTPUT)], inputs,
+                  source_files(m), overwrite=overwrite)
     cfg = {"dir": directory, "out": out, "model": model, "seed": seed, "hyperparameters": dict(hyperparameters or {})}
-    k = load_manifest(directory).n_clients
+    k = m.n_clients
 
     def on_ledger(table: Any) -> None:
         if as_json:

@@ -195,7 +195,7 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
     if cfg.save_params:
         from mpifc.baselines.report import save_array
 
-        save_array(cfg.save_params, theta)
+        save_array(ctx.stage(cfg.save_params), theta)  # in place only if the job succeeds
     set_flat(model, theta)
     test = test_xy(m)
     cols = [test.features.index(f) for f in features]
@@ -209,14 +209,13 @@ def fedavg_rank(ctx: Any, cfg: FedAvgConfig) -> dict[str, Any] | None:
 
 
 def run(cfg: FedAvgConfig, ledger_csv: str | None = None, as_json: bool = False,
-        on_result: Any = None) -> int:
+        on_result: Any = None, overwrite: bool = False) -> int:
     """Run FedAvg as the current MPI job (every rank calls this); returns the exit code.
 
     Rank 0 prints the result (with bytes and messages from the gathered ledger) and passes it to
     ``on_result(result)`` if given.
     """
-    from data_prep.shards import load_manifest
-    from mpifc.baselines.report import run_baseline_job
+    from mpifc.baselines.report import PARAMS_FILE, run_baseline_job
 
     cfg.check()
-    return run_baseline_job(fedavg_rank, cfg, load_manifest(cfg.dir).n_clients, ledger_csv, as_json, on_result)
+    return run_baseline_job(fedavg_rank, cfg, ledger_csv, as_json, on_result, PARAMS_FILE, overwrite)

@@ -3,21 +3,51 @@ payload class, plus the command-line options the baselines share."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from mpifc.atomic import Output, OutputKind, check_outputs
 from mpifc.runtime.jsonout import finite_json
 from mpifc.runtime.kinds import kind_by_id
 
 
-def save_array(path: str, arr: np.ndarray) -> None:
-    """Write ``arr`` as ``.npy`` atomically."""
+def save_array(path: str | Path, arr: np.ndarray) -> None:
+    """Write ``arr`` as ``.npy`` atomically (a failed write: UserError naming the file)."""
     from mpifc.atomic import atomic_write_bytes
 
     buf = io.BytesIO()
     np.save(buf, arr)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def is_params_file(path: str | Path) -> bool:
+    """Whether ``path`` is an earlier ``--save-params`` file: a ``.npy`` holding one 1-D float array."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+    except (OSError, ValueError):
+        return False
+    return len(shape) == 1 and dtype.kind == "f"
+
+
+PARAMS_FILE = OutputKind("a saved parameter array (.npy)", is_params_file)
+"""FedAvg's ``--save-params FILE``."""
+PARAMS_FOLDER = OutputKind("a saved parameter array (.npy)", is_params_file, members=r"(top|bottom-\d+)\.npy")
+"""SplitNN's ``--save-params DIR``: ``top.npy`` and ``bottom-<c>.npy``."""
+
+
+def check_baseline_outputs(directory: str, outputs: list[Output], overwrite: bool) -> int:
+    """Refuse, before any work, outputs that would replace an input, a source or a file of
+    another kind (:func:`mpifc.atomic.check_outputs`); returns the shard set's client count."""
+    from data_prep.shards import input_files, load_manifest, source_files
+
+    m = load_manifest(directory)
+    check_outputs(outputs, input_files(m), source_files(m), overwrite=overwrite)
+    return m.n_clients
 
 
 def ledger_totals(table: Any) -> dict[str, Any]:
@@ -67,17 +97,24 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
             print(f"{k:>16}: {result[k]}", flush=True)
 
 
-def run_baseline_job(rank_fn: Callable[[Any, Any], dict[str, Any] | None], cfg: Any, n_clients: int,
+def run_baseline_job(rank_fn: Callable[[Any, Any], dict[str, Any] | None], cfg: Any,
                      ledger_csv: str | None = None, as_json: bool = False,
-                     on_result: Callable[[dict[str, Any]], None] | None = None) -> int:
-    """Run ``rank_fn(ctx, cfg)`` on every rank as one MPI job (server rank 0, ``n_clients``
-    client ranks); returns the exit code.
+                     on_result: Callable[[dict[str, Any]], None] | None = None,
+                     params_kind: OutputKind = PARAMS_FILE, overwrite: bool = False) -> int:
+    """Run ``rank_fn(ctx, cfg)`` on every rank as one MPI job (server rank 0, one client rank per
+    client of the shard set ``cfg.dir``); returns the exit code.
 
-    Rank 0 adds the ledger's figures to its result (``bytes_train``, ``payload_bytes_train``,
-    ``messages_train`` for phase ``train``, ``bytes_total``, ``messages_total`` and the full
-    breakdown under ``ledger``), prints it and hands it to ``on_result``.
+    The outputs (``ledger_csv``, ``cfg.save_params`` of kind ``params_kind``) are checked first
+    (:func:`check_baseline_outputs`). Rank 0 adds the ledger's figures to its result
+    (``bytes_train``, ``payload_bytes_train``, ``messages_train`` for phase ``train``,
+    ``bytes_total``, ``messages_total`` and the full breakdown under ``ledger``), prints it and
+    hands it to ``on_result``.
     """
     from mpifc.runtime.job import run_job
+    from mpifc.runtime.ledger import LEDGER_OUTPUT
+
+    n_clients = check_baseline_outputs(cfg.dir, [Output("--ledger", ledger_csv, LEDGER_OUTPUT),
+                                                 Output("--save-params", cfg.save_params, params_kind)], overwrite)
 
     holder: dict[str, Any] = {}
 

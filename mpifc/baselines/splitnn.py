@@ -218,7 +218,7 @@ def _client(ctx: Any, cfg: SplitNNConfig, manifest: Any, c: int) -> None:
     if cfg.save_params:
         from mpifc.baselines.report import save_array
 
-        save_array(f"{cfg.save_params}/bottom-{c}.npy", get_flat(bottom))
+        save_array(ctx.stage(f"{cfg.save_params}/bottom-{c}.npy"), get_flat(bottom))
 
 
 def _server(ctx: Any, cfg: SplitNNConfig, manifest: Any, ranks: dict[int, int]) -> dict[str, Any]:
@@ -274,7 +274,7 @@ def _server(ctx: Any, cfg: SplitNNConfig, manifest: Any, ranks: dict[int, int]) 
     if cfg.save_params:
         from mpifc.baselines.report import save_array
 
-        save_array(f"{cfg.save_params}/top.npy", get_flat(top))
+        save_array(ctx.stage(f"{cfg.save_params}/top.npy"), get_flat(top))
     return {"method": "splitnn", "dataset": manifest.dataset, "setting": manifest.setting,
             "n_clients": manifest.n_clients, "accuracy": acc, "f1": f1, "epochs": cfg.epochs,
             "cut": cfg.cut, "n_classes": k, "n_train": n, "n_test": n_test, "n_batches": n_batches,
@@ -300,14 +300,14 @@ def splitnn_rank(ctx: Any, cfg: SplitNNConfig) -> dict[str, Any] | None:
     return None
 
 
-def run(cfg: SplitNNConfig, ledger_csv: str | None = None, as_json: bool = False, on_result: Any = None) -> int:
+def run(cfg: SplitNNConfig, ledger_csv: str | None = None, as_json: bool = False, on_result: Any = None,
+        overwrite: bool = False) -> int:
     """Run SplitNN as the current MPI job (every rank calls this); returns the exit code.
 
     Rank 0 prints the result with bytes and messages from the gathered ledger and passes it to
     ``on_result(result)`` if given.
     """
-    from data_prep.shards import load_manifest
-    from mpifc.baselines.report import run_baseline_job
+    from mpifc.baselines.report import PARAMS_FOLDER, run_baseline_job
 
     cfg.check()
-    return run_baseline_job(splitnn_rank, cfg, load_manifest(cfg.dir).n_clients, ledger_csv, as_json, on_result)
+    return run_baseline_job(splitnn_rank, cfg, ledger_csv, as_json, on_result, PARAMS_FOLDER, overwrite)

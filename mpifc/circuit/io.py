@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import h5py
 
-from mpifc.atomic import atomic_path
+from mpifc.atomic import atomic_h5
 
 _LOADERS: dict[str, Callable[[h5py.Group], Any]] = {}
 
@@ -89,8 +89,9 @@ def _import_builtin_models(kind: Any = None) -> None:
 
 
 def save_model_file(model: Any, path: str | os.PathLike, group: str = "model") -> None:
-    """Save ``model`` to a new HDF5 file atomically (temp file in the same folder, then rename)."""
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    """Save ``model`` to a new HDF5 file atomically (built in memory, then a temp file in the
+    same folder and a rename; a failed write is a UserError naming ``path``)."""
+    with atomic_h5(path) as f:
         save_model(model, f.create_group(group))
 
 

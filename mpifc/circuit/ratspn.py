@@ -29,6 +29,7 @@ from mpifc.circuit import graph as G
 from mpifc.circuit.device import guarded
 from mpifc.circuit.io import register_model
 from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, MIN_FLOW, Categorical, Gaussian, Leaf, Params
+from mpifc.circuit.leaves.base import bad_value, grouped_weights_problem
 from mpifc.errors import UserError
 
 _TINY = 1e-300
@@ -723,7 +724,40 @@ class RatSPN:
             obj.P = {k: torch.as_tensor(group["leaves"][k][()], device="cpu") for k in group["leaves"]}
         except (KeyError, ValueError, TypeError) as e:
             raise UserError(f"{where}: malformed ratspn group ({e})") from None
+        problem = _parameter_problem(obj)
+        if problem is not None:
+            raise UserError(f"{where}: {problem}")
         return obj
+
+
+def _slots_problem(leaf_cls: Any, P: dict[str, np.ndarray], tol: float) -> str | None:
+    """What is wrong with stacked leaf parameters ``P`` (numpy, one row per leaf slot)."""
+    if leaf_cls is MixedLeaves:
+        disc = P["disc"] > 0
+        return (_slots_problem(Gaussian, {k: v[~disc] for k, v in _part(P, "g_").items()}, tol)
+                or _slots_problem(Categorical, {k: v[disc] for k, v in _part(P, "c_").items()}, tol))
+    if leaf_cls is Categorical:
+        probs, lens = P["probs"], P["len_probs"]
+        inside = np.arange(probs.shape[1])[None, :] < lens[:, None]
+        if not np.all(np.isfinite(probs[inside]) & (probs[inside] >= 0)):
+            return "a categorical leaf has a probability that is negative or not finite"
+        sums = np.where(inside, probs, 0.0).sum(axis=1)
+        if sums.size and float(np.max(np.abs(sums - 1.0))) > tol:
+            return f"a categorical leaf's probabilities sum to {float(sums[np.argmax(np.abs(sums - 1.0))])!r}, not 1"
+        return bad_value(P, "alpha", np.isfinite(P["alpha"]) & (P["alpha"] >= 0), "a pseudo-count must be >= 0")
+    # the scalar leaf types: their checks are elementwise, so they run on every slot at once
+    problem = leaf_cls._value_problem(P, tol)
+    return None if problem is None else f"{leaf_cls.type_name} leaf: {problem}"
+
+
+def _parameter_problem(model: "RatSPN") -> str | None:
+    """What is wrong with a loaded RAT-SPN's weights and leaf parameters, or None."""
+    tol = 1e-4 if model.dtype == torch.float32 else 1e-6
+    problem = grouped_weights_problem("root_weights", model.root_weights.double().numpy(), (0, 1), tol)
+    for i, W in enumerate(model.weights):
+        problem = problem or grouped_weights_problem(f"weights{i}", W.double().numpy(), (3,), tol)
+    P = {k: v.numpy().astype(np.int64 if k.startswith("len_") else np.float64) for k, v in model.P.items()}
+    return problem or _slots_problem(model.leaf_cls, P, tol)
 
 
 def _leaf_class(name: str) -> Any:

@@ -31,6 +31,7 @@ import numpy as np
 from mpifc.circuit import graph as G
 from mpifc.circuit.io import register_model
 from mpifc.circuit.leaves import LEAF_TYPES
+from mpifc.circuit.leaves.base import weights_problem
 from mpifc.errors import UserError
 
 if TYPE_CHECKING:
@@ -164,6 +165,10 @@ class SPN:
 
 LAYOUT = 2
 
+WEIGHT_TOL = 1e-6
+"""How far the weights of a sum node read from a file may sum away from 1 (rounding)."""
+
+
 
 def _small_uint(values: Any) -> np.ndarray:
     """``values`` (non-negative integers) in the smallest unsigned dtype that holds them."""
@@ -227,8 +232,10 @@ def save_graph(root: G.Node, group: Any) -> None:
             sub.create_dataset(p, data=flat[:1] if same else flat)
 
 
-def _leaf_params(sub: Any, cls: Any, n: int) -> list[Any]:
-    """The ``n`` leaves of one type from their parameter group (either layout)."""
+def _leaf_params(sub: Any, cls: Any, n: int, where: str) -> list[Any]:
+    """The ``n`` leaves of one type from their parameter group (either layout), each checked
+    (:meth:`~mpifc.circuit.leaves.Leaf.param_problem`): UserError naming ``where``, the leaf and
+    the parameter at fault."""
     cols: dict[str, list[np.ndarray]] = {}
     for p in cls.param_names:
         if p == "tail" and p not in sub:  # written before leaves had tails: hard support
@@ -246,7 +253,14 @@ def _leaf_params(sub: Any, cls: Any, n: int) -> list[Any]:
             if flat.size != n:
                 raise ValueError(f"{p} holds {flat.size} values for {n} leaves")
             cols[p] = [np.array(v) for v in flat]
-    return [cls.from_params({p: cols[p][i] for p in cls.param_names}) for i in range(n)]
+    out = []
+    for i in range(n):
+        params = {p: cols[p][i] for p in cls.param_names}
+        problem = cls.param_problem(params)
+        if problem is not None:
+            raise UserError(f"{where}: {cls.type_name} leaf {i}: {problem}")
+        out.append(cls.from_params(params))
+    return out
 
 
 def load_graph(group: Any) -> G.Node:
@@ -286,6 +300,8 @@ def load_graph(group: Any) -> G.Node:
                 raise ValueError(f"{n_leaves} leaves but {len(leaf_var)} leaf_var / {len(ltype)} leaf_type entries")
         if len(ptr) != len(kind) + 1 or int(ptr[-1]) != len(idx):
             raise ValueError("children arrays do not match the node count")
+        if len(ltype) and not (0 <= int(np.min(ltype)) and int(np.max(ltype)) < len(names)):
+            raise ValueError(f"leaf_type holds codes outside 0..{len(names) - 1}")
         leaves: dict[int, list[Any]] = {}
         for t, name in enumerate(names):
             n = int((ltype == t).sum())
@@ -293,7 +309,7 @@ def load_graph(group: Any) -> G.Node:
                 continue
             if name not in LEAF_TYPES:
                 raise UserError(f"{where}: unknown leaf type {name!r}")
-            leaves[t] = _leaf_params(group["leaves"][name], LEAF_TYPES[name], n)
+            leaves[t] = _leaf_params(group["leaves"][name], LEAF_TYPES[name], n, where)
     except (KeyError, ValueError, IndexError) as e:
         raise UserError(f"{where}: malformed spn group ({e})") from None
     nodes: list[G.Node] = []
@@ -317,6 +333,9 @@ def load_graph(group: Any) -> G.Node:
             wi = np.array(w[w_at: w_at + len(kids)], dtype=np.float64)
             if len(wi) != len(kids):
                 raise UserError(f"{where}: sum_weights too short for the sum node at position {i}")
+            problem = weights_problem(wi, WEIGHT_TOL)
+            if problem is not None:
+                raise UserError(f"{where}: sum_weights of the sum node at position {i}: {problem}")
             w_at += len(kids)
             sn = G.SumNode(kids, wi, scope=scope)
             sn.weights = wi

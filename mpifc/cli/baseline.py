@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import add_device_argument, parse_kv
+from mpifc.cli.common import add_device_argument, add_overwrite_argument, parse_kv
 from mpifc.federated.hyperparameters import check_hyperparameters
 
 
@@ -28,6 +28,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_device_argument(p, "MLP (training and prediction)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line on rank 0")
+    add_overwrite_argument(p)
 
 
 def add_fedavg_arguments(p: argparse.ArgumentParser) -> None:
@@ -82,6 +83,7 @@ def add_decentralized_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--deadline", type=float, default=600.0, help="seconds any send or receive may wait")
     p.add_argument("--json", action="store_true", help="print the bytes per phase as one JSON line")
+    add_overwrite_argument(p)
 
 
 BASELINES = {
@@ -127,11 +129,11 @@ def baseline_main(args: argparse.Namespace) -> int:
     if args.baseline == "fedavg":
         from mpifc.baselines.fedavg import run
 
-        return run(fedavg_config(args), args.ledger, args.json)
+        return run(fedavg_config(args), args.ledger, args.json, overwrite=args.overwrite)
     if args.baseline == "splitnn":
         from mpifc.baselines.splitnn import run
 
-        return run(splitnn_config(args), args.ledger, args.json)
+        return run(splitnn_config(args), args.ledger, args.json, overwrite=args.overwrite)
     if args.baseline == "central":
         from mpifc.baselines.central import run_central
         from mpifc.baselines.mlp import parse_hidden
@@ -155,4 +157,4 @@ def baseline_main(args: argparse.Namespace) -> int:
         hp["min_instances_slice"] = args.min_instances_slice
     hp = check_hyperparameters(hp, ["learnspn"])
     return run_agents(args.mode, args.dir, args.out, model=args.model, seed=args.seed, hyperparameters=hp,
-                      deadline=args.deadline, ledger=args.ledger, as_json=args.json)
+                      deadline=args.deadline, ledger=args.ledger, as_json=args.json, overwrite=args.overwrite)

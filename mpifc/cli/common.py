@@ -15,6 +15,14 @@ def add_liveness_argument(p: argparse.ArgumentParser) -> None:
                         "GIL held) before the job ends naming it (> 0)")
 
 
+def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    """``--overwrite``: outputs may replace existing files that are not earlier outputs of their kind."""
+    p.add_argument("--overwrite", action="store_true",
+                   help="let an output replace an existing file that is not an earlier output of its kind "
+                        "(without it such a file is refused); never an input of the job or a file its data "
+                        "was made from")
+
+
 def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """``--json`` (``what`` as one JSON line instead of text) or ``--quiet`` (nothing)."""
     out = p.add_mutually_exclusive_group()

@@ -18,7 +18,12 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("name", nargs="?", help=f"experiment: {', '.join(registry.names())}")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
-    p.add_argument("--out", metavar="DIR", help="result folder (default results/NAME)")
+    p.add_argument("--out", metavar="DIR",
+                   help="result folder (default results/NAME); an earlier result folder is resumed, a folder "
+                        "holding anything else is refused (see --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into --out even when it holds files that are not experiment results (files "
+                        "of the same names are replaced, others left alone)")
     p.add_argument("--seeds", default=None, metavar="SPEC",
                    help="seeds as ranges and lists, e.g. 0-4 or 0,2,5 (default 0-4; --quick: 0)")
     p.add_argument("--quick", action="store_true", help="reduced version (small data, few ranks), for tests")
@@ -108,7 +113,15 @@ def experiment_main(args: argparse.Namespace) -> int:
         import os
 
         os.environ[DEVICE_ENV] = args.device  # the jobs' --device default (mpifc.cli.common)
-    summary = exp.run(out, seeds, quick, **opts)
+    fresh = not out.exists()
+    check_result_folder(out, bool(getattr(args, "overwrite", False)))
+    try:
+        mark_result_folder(out, args.name)
+        summary = exp.run(out, seeds, quick, **opts)
+    except BaseException:
+        if fresh:
+            _remove_if_only_marker(out)
+        raise
     for path in summary.get("files", []):
         print(f"{args.name}: wrote {path}")
     if summary.get("markdown"):
@@ -118,6 +131,49 @@ def experiment_main(args: argparse.Namespace) -> int:
         print(f"{args.name}: cells ran {counts['ran']}, skipped (done) {counts['skipped']}, "
               f"failed {counts['failed']}", file=sys.stderr)
     return 0
+
+
+MARKER = ".mpifc-experiment"
+"""A file in every result folder: marks it as one (``{"experiment": NAME}``), so a later run may
+resume in it and a folder of other files is never taken for one."""
+
+
+def is_result_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds experiment results: its marker, or the ``cells`` folder of results
+    written before the marker existed."""
+    return (folder / MARKER).is_file() or (folder / "cells").is_dir()
+
+
+def check_result_folder(out: Path, overwrite: bool) -> None:
+    """Refuse a result folder that cannot be written, or (unless ``overwrite``) an existing folder
+    that holds files but no experiment results: one line naming ``--out``."""
+    from mpifc.atomic import name_output, write_problem
+
+    problem = write_problem(out, folder=True)
+    if problem is not None:
+        raise UserError(f"--out {out}: cannot be written: {problem}")
+    if out.is_dir() and not overwrite and any(out.iterdir()) and not is_result_folder(out):
+        first = sorted(p.name for p in out.iterdir())[0]
+        raise UserError(f"--out {out}: holds files that are not experiment results, e.g. {out / first}; "
+                        f"refusing to write into it (choose a new folder, or give --overwrite)")
+    name_output(out, f"--out {out}")  # a failed write of a result names the flag
+
+
+def mark_result_folder(out: Path, name: str) -> None:
+    from mpifc.atomic import atomic_write_text
+
+    if not (out / MARKER).is_file():
+        atomic_write_text(out / MARKER, '{"experiment": "%s"}\n' % name)
+
+
+def _remove_if_only_marker(out: Path) -> None:
+    """A fresh result folder a failed run left with nothing but its marker goes again."""
+    try:
+        if [p.name for p in out.iterdir()] == [MARKER]:
+            (out / MARKER).unlink()
+            out.rmdir()
+    except OSError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

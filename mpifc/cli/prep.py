@@ -12,7 +12,7 @@ from data_prep.files import default_data_root
 from data_prep.partition import SETTINGS, SPLITS
 from data_prep.prepare import VALID_MODES, PrepConfig, prepare
 from data_prep.transforms import MAX_LEVELS, SCALES
-from data_prep.shards import write_shards
+from data_prep.shards import check_out_folder, write_shards
 
 
 CATEGORICALS = ("auto", "target", "codes")
@@ -112,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--split segment: weight of a matching row for its client")
     p.add_argument("--out", metavar="DIR",
                    help="required (unless --list): output directory; an earlier shard set there is replaced "
-                        "atomically, a folder holding anything else is refused")
+                        "atomically, a folder holding anything else is refused (unless --overwrite), and a "
+                        "folder holding the data's own files is never replaced")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out even when it holds files that are not a shard set (the whole folder "
+                        "goes); never a folder that holds a file the data is read from")
     return p
 
 
@@ -127,6 +131,14 @@ def list_datasets(out=None) -> None:
             "  [found]" if (root / info.folder).exists() else "  [missing]")
         print(f"{info.name:14s} {info.summary}\n{'':14s} location: {where}{found}; "
               f"source: {info.source}", file=out)
+
+
+def _given_sources(path: str | None) -> list[Path]:
+    """``--path`` and, for a file, the schema beside it (``data.csv`` -> ``data.schema.json``)."""
+    if not path:
+        return []
+    p = Path(path)
+    return [p, p.with_name(p.stem + ".schema.json")] if p.is_file() else [p]
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -145,6 +157,9 @@ def _prepare(args: argparse.Namespace) -> int:
     """Prepare and write the shards the flags ask for, and say what was done."""
     if not args.out:
         raise UserError("--out DIR is required (or use --list)")
+    # Refused before any work where the flags tell already (write_shards checks again, with
+    # every file the data was read from).
+    check_out_folder(Path(args.out).resolve(), _given_sources(args.path), args.overwrite)
     config = PrepConfig(dataset=args.dataset, path=args.path, data_root=args.data_root,
                         target=args.target, schema=args.schema,
                         setting=args.setting, seed=args.seed,
@@ -158,7 +173,7 @@ def _prepare(args: argparse.Namespace) -> int:
                         overlap=args.overlap, segments=tuple(args.segment),
                         oversample=args.oversample, valid=args.valid)
     prepared = prepare(**{f: getattr(config, f) for f in config.__dataclass_fields__})
-    manifest = write_shards(prepared, Path(args.out))
+    manifest = write_shards(prepared, Path(args.out), overwrite=args.overwrite)
     _print_schema(prepared, manifest)
     for c in manifest.clients:
         valid = f", {c['n_valid']} validation rows" if c.get("n_valid") else ""

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments
+from mpifc.atomic import OutputKind
+from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments, add_overwrite_argument
 from mpifc.errors import UserError
 
 QUESTIONS = ("ll", "predict", "mpe", "sample", "marginal")
@@ -57,7 +58,9 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clip", action="store_true",
                    help="read a value the model does not know (a fractional or unseen value of a discrete column) "
                         "as the nearest one it knows, instead of refusing it; answers show the value used")
-    p.add_argument("--out", required=True, metavar="ANSWERS.csv", help="answer file (CSV, written atomically)")
+    p.add_argument("--out", required=True, metavar="ANSWERS.csv",
+                   help="answer file (CSV, written atomically); may replace only an earlier answer file "
+                        "(see --overwrite)")
     p.add_argument("--distributed", action="store_true",
                    help="answer with the distributed passes over the circuit's ranks (run under mpiexec)")
     p.add_argument("--ledger", default=None, metavar="FILE", help="--distributed: per-message ledger CSV")
@@ -65,6 +68,7 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send or receive may wait")
     add_liveness_argument(p)
     add_device_argument(p, "EiNet and RAT-SPN leaf PCs")
+    add_overwrite_argument(p)
     add_output_arguments(p, "the summary")
 
 
@@ -145,12 +149,14 @@ def query_main(args: argparse.Namespace) -> int:
     keep = [k.strip() for k in (args.keep or "").split(",") if k.strip()]
     if args.what == "marginal" and not keep:
         raise UserError("--what marginal needs --keep COL,COL")
-    from mpifc.atomic import check_outputs
+    from mpifc.atomic import Output, check_outputs
+    from mpifc.federated.serialize import model_sources
+    from mpifc.runtime.ledger import LEDGER_OUTPUT
 
-    check_outputs([("--out", args.out, False), ("--ledger", args.ledger, False)],
-                  [("model", args.model), ("data", args.data)])
     # one process: this process's device; --distributed: each rank's, chosen in the job
     fc = load(args.model, device="cpu" if args.distributed else args.device)
+    check_outputs([Output("--out", args.out, ANSWER_OUTPUT), Output("--ledger", args.ledger, LEDGER_OUTPUT)],
+                  [("model", args.model), ("data", args.data)], model_sources(fc.fc), overwrite=args.overwrite)
     for k in keep:
         if k not in fc.features:
             raise UserError(f"--keep {k!r}: not a column of {args.model} ({', '.join(fc.features)})")
@@ -178,6 +184,12 @@ def query_main(args: argparse.Namespace) -> int:
             x, row_no = np.repeat(x, args.n_samples, axis=0), np.repeat(row_no, args.n_samples)
         return x, row_no
 
+    def write_answer(rows: np.ndarray, row_no: np.ndarray, raw: np.ndarray, path: Path) -> dict[str, Any]:
+        header, lines, summary = _answer_table(fc, args.what, target, rows, row_no, raw, given, changed[0])
+        _write_csv(path, header, lines)
+        summary.update({"rows": int(len(np.unique(row_no))), "answers": len(lines)})
+        return summary
+
     if args.distributed:
         from mpifc.fedpc.job import query
 
@@ -187,14 +199,18 @@ def query_main(args: argparse.Namespace) -> int:
             held["rows"], held["row_no"] = model_rows()
             return held["rows"]
 
+        def answer(raw: np.ndarray, stage: Any) -> None:
+            # Inside the job, on the querier: the answer file is staged with the ledger, so both
+            # appear only if the whole job succeeds (a failed write leaves neither).
+            held["summary"] = write_answer(held["rows"], held["row_no"], raw, stage(args.out))
+
         cfg = {"model": str(args.model), "what": args.what, "target": target, "batch": args.batch,
                "seed": args.seed, "progress": not (args.json or args.quiet)}
         code = query(cfg, load_rows, deadline=args.deadline, ledger=args.ledger, liveness=args.liveness,
-                     device=args.device)
-        if "rows" not in held:  # a rank other than the querier: the querier writes the answer
+                     device=args.device, write_answer=answer)
+        if "summary" not in held:  # a rank other than the querier: the querier writes the answer
             return code
-        rows, row_no, raw = held["rows"], held["row_no"], cfg["_answer"]
-        mode = "distributed"
+        summary, mode = held["summary"], "distributed"
     else:
         import mpifc.progress as progress
 
@@ -203,16 +219,14 @@ def query_main(args: argparse.Namespace) -> int:
             rows, row_no = model_rows()
             tick.phase(f"answering {len(rows)} rows ({args.what})")
             raw = _answer_one_process(fc, rows, args.what, target, args.seed, args.batch)
-        mode = "one process"
-    header, lines, summary = _answer_table(fc, args.what, target, rows, row_no, raw, given, changed[0])
-    _write_csv(args.out, header, lines)
+        summary, mode = write_answer(rows, row_no, raw, Path(args.out)), "one process"
     if args.clip:
         summary["clipped_cells"] = int(changed[0].sum())
     ignored = [c for c in given if c in fc.codec.skipped]
     if ignored:
         summary["skipped_columns"] = ignored
-    summary.update({"what": args.what, "rows": int(len(np.unique(row_no))), "answers": len(lines),
-                    "out": str(args.out), "mode": mode, "model": str(args.model), "data": str(args.data)})
+    summary.update({"what": args.what, "out": str(args.out), "mode": mode, "model": str(args.model),
+                    "data": str(args.data)})
     if args.json:
         print(json.dumps(summary, allow_nan=False), flush=True)
     elif not args.quiet:
@@ -296,17 +310,39 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _write_csv(path: str, header: list[str], lines: list[list[Any]]) -> None:
+def _write_csv(path: str | Path, header: list[str], lines: list[list[Any]]) -> None:
+    """The answer file, atomically (a failed write: UserError naming ``--out``)."""
     from mpifc.atomic import atomic_write_text
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
     w.writerows(lines)
+    atomic_write_text(path, buf.getvalue())
+
+
+def is_answer_file(path: str | Path) -> bool:
+    """Whether ``path`` is an earlier answer file of ``mpifc query``, judged by its content: a
+    UTF-8 CSV whose header starts with ``row`` and whose lines start with row numbers (1, 2, ...,
+    in order; repeated for ``sample``)."""
     try:
-        atomic_write_text(path, buf.getvalue())
-    except OSError as e:
-        raise UserError(f"--out {path}: cannot write ({e.strerror or e})") from None
+        with open(path, "rb") as f:
+            head = f.read(1 << 16).decode("utf-8")
+        lines = list(csv.reader(io.StringIO(head)))[:200]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    if not lines or len(lines[0]) < 2 or lines[0][0] != "row":
+        return False
+    last = 1
+    for line in lines[1:-1]:  # the last line read may be cut off
+        if not line or not line[0].isdigit() or not last <= int(line[0]) <= last + 1:
+            return False
+        last = int(line[0])
+    return True
+
+
+ANSWER_OUTPUT = OutputKind("an answer file of mpifc query", is_answer_file)
+"""``query --out``: may replace only an earlier answer file."""
 
 
 def _human(s: dict[str, Any]) -> str:

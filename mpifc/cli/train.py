@@ -9,7 +9,8 @@ import argparse
 import functools
 from typing import Any
 
-from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments, comma_ints, parse_kv
+from mpifc.cli.common import (add_device_argument, add_liveness_argument, add_output_arguments, add_overwrite_argument,
+                               comma_ints, parse_kv)
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.defaults import PRESETS, RULE_HELP
@@ -58,8 +59,10 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="a hyperparameter of the learner (repeatable), checked before any rank starts: "
                         + "; ".join(f"{name}: {', '.join(keys)}" for name, keys in
                                     sorted((n, sorted(ps)) for n, ps in LEARNER_PARAMS.items())))
-    p.add_argument("--model", required=True, help="output model file (HDF5, written atomically)")
-    p.add_argument("--ledger", default=None, help="per-message ledger CSV")
+    p.add_argument("--model", required=True,
+                   help="output model file (HDF5, written atomically); may replace only an earlier model "
+                        "(see --overwrite)")
+    p.add_argument("--ledger", default=None, help="per-message ledger CSV (may replace only an earlier ledger)")
     p.add_argument("--assign", default="flat", choices=ASSIGN_STRATEGIES, help="ψ strategy")
     p.add_argument("--servers", type=int, default=0, help="intermediate server ranks for --assign tree")
     p.add_argument("--refine", default=None, choices=("none", "em"),
@@ -74,6 +77,7 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     add_liveness_argument(p)
     add_device_argument(p, "EiNet and RAT-SPN client PCs (fit, EM)")
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
+    add_overwrite_argument(p)
     add_output_arguments(p, "the summary (rank 0)")
     p.add_argument("--exclusive-timing", action="store_true",
                    help="clients learn one after another, so each client's CPU seconds are measured without "
@@ -158,7 +162,7 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
             "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
             "refine": refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
-            "exclusive_timing": bool(args.exclusive_timing),
+            "exclusive_timing": bool(args.exclusive_timing), "overwrite": bool(getattr(args, "overwrite", False)),
             "warm_up": bool(args.warm_up or args.exclusive_timing)}
 
 
@@ -169,7 +173,7 @@ def ngm_train_config(args: argparse.Namespace) -> dict[str, Any]:
             "lr": args.lr, "calib_rows": args.calib_rows, "samples": args.samples,
             "proportional": bool(args.proportional), "public": args.public, "graph_alpha": args.graph_alpha,
             "stitch_hidden": args.stitch_hidden, "save_local": args.save_local, "folds": args.folds,
-            "fold": args.fold,
+            "fold": args.fold, "overwrite": bool(getattr(args, "overwrite", False)),
             "features": [n.strip() for n in args.features.split(",") if n.strip()] if args.features else None}
 
 

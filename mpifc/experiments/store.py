@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from mpifc.errors import UserError
-from mpifc.atomic import atomic_path, atomic_write_bytes, atomic_write_text
+from mpifc.atomic import atomic_h5, atomic_write_bytes, atomic_write_text
 
 OK, FAILED, NOT_RUN = "ok", "failed", "not-run"
 
@@ -195,7 +195,7 @@ def write_h5_table(path: str | Path, rows: Sequence[dict[str, Any]], columns: Se
     import h5py
 
     cols = list(columns) if columns else _columns(rows)
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_h5(path) as f:
         f.attrs["columns"] = json.dumps(cols)
         for c in cols:
             vals = [r.get(c) for r in rows]

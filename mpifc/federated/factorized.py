@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from mpifc.circuit.io import register_model
+from mpifc.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -192,7 +193,34 @@ class FactorizedModel:
         m.mean = group["mean"][()]
         m.var = group["var"][()]
         m.log_probs = group["log_probs"][()]
+        problem = m.parameter_problem()
+        if problem is not None:
+            raise UserError(f"{group.file.filename}:{group.name}: {problem}")
         return m
+
+    def parameter_problem(self) -> str | None:
+        """What is wrong with the parameters (shapes, finite means, variances > 0, each discrete
+        column's log-probabilities finite and summing to 1), or None."""
+        d = len(self.meta_types)
+        if len(self.scope) != d or self.n_categories.shape != (d,):
+            return f"'scope' or 'n_categories' do not match the {d} columns"
+        if np.shape(self.mean) != (d,) or np.shape(self.var) != (d,) or np.ndim(self.log_probs) != 2 \
+                or len(self.log_probs) != d or (d and np.shape(self.log_probs)[1] < int(self.n_categories.max())):
+            return f"'mean', 'var' or 'log_probs' do not match the {d} columns"
+        for j in range(d):
+            if self.real[j]:
+                if not np.isfinite(self.mean[j]):
+                    return f"'mean'[{j}] = {float(self.mean[j])!r}: a mean must be finite"
+                if not (np.isfinite(self.var[j]) and self.var[j] > 0):
+                    return f"'var'[{j}] = {float(self.var[j])!r}: a variance must be finite and > 0"
+                continue
+            lp = np.asarray(self.log_probs[j, : self.n_categories[j]], dtype=np.float64)
+            if not np.all(np.isfinite(lp)):
+                return f"'log_probs'[{j}] holds a log-probability that is not finite"
+            total = float(np.exp(lp).sum())
+            if abs(total - 1.0) > 1e-6:
+                return f"'log_probs'[{j}]: the probabilities sum to {total!r}, not 1"
+        return None
 
 
 def _np(x: Any) -> np.ndarray:

@@ -117,8 +117,37 @@ class TreeClassifier:
 
     @classmethod
     def load(cls, group: Any) -> "TreeClassifier":
-        return cls(int(group.attrs["d"]), int(group.attrs["target_index"]),
+        from mpifc.errors import UserError
+
+        tree = cls(int(group.attrs["d"]), int(group.attrs["target_index"]),
                    *(group[n][()] for n in ("left", "right", "feature", "threshold", "probs")))
+        problem = tree.parameter_problem()
+        if problem is not None:
+            raise UserError(f"{group.file.filename}:{group.name}: {problem}")
+        return tree
+
+    def parameter_problem(self) -> str | None:
+        """What is wrong with the tree, or None: one entry per node in every array, children
+        after their parent and in range (-1 at leaves), split features among the non-target
+        columns, finite thresholds, and each node's class probabilities a distribution."""
+        n = len(self.left)
+        if not (0 <= self.target_index < self.d) or any(len(a) != n for a in (self.right, self.feature, self.threshold)) \
+                or self.probs.ndim != 2 or len(self.probs) != n or n == 0:
+            return f"the tree's arrays do not describe {n} nodes over {self.d} columns"
+        inner = self.left >= 0
+        ids = np.arange(n)
+        if np.any(inner != (self.right >= 0)) or np.any((~inner) & ((self.left != -1) | (self.right != -1))):
+            return "'left'/'right': a node has one child, or a child id below -1"
+        if np.any(inner & ((self.left <= ids) | (self.right <= ids) | (self.left >= n) | (self.right >= n))):
+            return "'left'/'right': a child id out of range (children come after their parent)"
+        if np.any(inner & ((self.feature < 0) | (self.feature >= self.d - 1))):
+            return f"'feature': a split on a column outside 0..{self.d - 2}"
+        if not np.all(np.isfinite(self.threshold[inner])):
+            return "'threshold': a split threshold is not finite"
+        if not (np.all(np.isfinite(self.probs)) and np.all(self.probs >= 0)) \
+                or float(np.max(np.abs(self.probs.sum(1) - 1.0))) > 1e-6:
+            return "'probs': a node's class probabilities are not a distribution"
+        return None
 
 
 def fit_tree_learner(x: np.ndarray, meta_types: Sequence[str], seed: int, n_categories: Sequence[int] | None = None,

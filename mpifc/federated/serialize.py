@@ -33,7 +33,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpifc.atomic import atomic_path
+from mpifc.atomic import OutputKind, atomic_h5
 from mpifc.circuit.io import load_model, save_model
 from mpifc.errors import UserError
 from mpifc.federated.structure import LEAF, ClientInfo, FederatedCircuit, LeafInfo, Node
@@ -55,12 +55,44 @@ def _digest(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def _mark(digest: str) -> bytes:
+    mark = SEAL + digest.encode() + b"\n"
+    return mark + b"\0" * (USERBLOCK - len(mark))
+
+
 def seal(path: str | os.PathLike) -> None:
     """Write the checksum into the user block of a file created with ``userblock_size=USERBLOCK``
     (also after editing a model file on purpose, e.g. in a test of what a reader does with it)."""
-    mark = SEAL + _digest(path).encode() + b"\n"
+    mark = _mark(_digest(path))
     with open(path, "r+b") as f:
-        f.write(mark + b"\0" * (USERBLOCK - len(mark)))
+        f.write(mark)
+
+
+def seal_bytes(data: bytes) -> bytes:
+    """:func:`seal` for a whole model file held in memory."""
+    return _mark(hashlib.sha256(memoryview(data)[USERBLOCK:]).hexdigest()) + data[USERBLOCK:]
+
+
+def is_model_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an mpifc model file, judged by its content: a federated circuit (its
+    checksum block, or the circuit's format attribute in a file from before the checksum) or a
+    FedNGM model (format ``mpifc-ngm/...``). Never raises."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(USERBLOCK)
+        if head.startswith(SEAL):
+            return True
+        if not head.startswith(b"\x89HDF\r\n\x1a\n"):
+            return False
+        with h5py.File(path, "r") as f:
+            fmt = f["fc"].attrs.get("format") if "fc" in f else f.attrs.get("format")
+        return isinstance(fmt, str) and (fmt == FORMAT or fmt.startswith("mpifc-ngm/"))
+    except Exception:  # noqa: BLE001 - an unreadable file is simply not a model
+        return False
+
+
+MODEL_OUTPUT = OutputKind("an mpifc model", is_model_file)
+"""``--model`` and every other model output: may replace only an earlier model file."""
 
 
 def check_seal(path: str | os.PathLike) -> None:
@@ -146,8 +178,12 @@ def read_fc(group: h5py.Group, load_models: bool | set[int] = True) -> Federated
     ptr = nodes["child_ptr"][()]
     idx = nodes["child_idx"][()]
     wts = nodes["weights"][()]
+    if len(ranks) != len(ops) or len(ptr) != len(ops) + 1 or int(ptr[-1]) != len(idx) or len(wts) != len(idx):
+        raise UserError(f"model file {group.file.filename}: the node arrays do not describe {len(ops)} nodes")
     for i, op in enumerate(ops):
         ch = [int(c) for c in idx[ptr[i]: ptr[i + 1]]]
+        if any(not 0 <= c < i for c in ch):
+            raise UserError(f"model file {group.file.filename}: node {i} has a child that is not a node before it")
         if op == LEAF:
             g = group["leaves"][str(i)]
             feats = tuple(json.loads(g.attrs["features"]))
@@ -167,31 +203,49 @@ def read_fc(group: h5py.Group, load_models: bool | set[int] = True) -> Federated
 
 
 def save_fc(fc: FederatedCircuit, path: str | os.PathLike, extra_attrs: dict[str, Any] | None = None) -> Path:
-    """Write ``fc`` to ``path`` atomically (temp file + rename), with its checksum; returns the path."""
-    with atomic_path(path) as tmp:
-        with h5py.File(tmp, "w", userblock_size=USERBLOCK) as f:
-            write_fc(fc, f.create_group("fc"))
-            for k, v in (extra_attrs or {}).items():
-                f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v, default=_jsonable)
-        seal(tmp)
+    """Write ``fc`` to ``path`` atomically (built in memory, then temp file + rename), with its
+    checksum; returns the path. A failed write is a UserError naming ``path``."""
+    with atomic_h5(path, finish=seal_bytes, userblock_size=USERBLOCK) as f:
+        write_fc(fc, f.create_group("fc"))
+        for k, v in (extra_attrs or {}).items():
+            f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v, default=_jsonable)
     return Path(path)
 
 
 def load_fc(path: str | os.PathLike, load_models: bool | set[int] = True) -> FederatedCircuit:
     """Read a file written by :func:`save_fc`; :class:`UserError` naming the file if it is
-    unreadable, damaged (checksum) or malformed."""
+    unreadable, damaged (checksum) or malformed, or if a parameter is out of its domain (a sum
+    node's weights not a distribution, a variance <= 0, a probability outside [0, 1], ...: each
+    model's loader checks its own, naming the parameter)."""
     check_seal(path)
     try:
         with h5py.File(path, "r") as f:
             if "fc" not in f:
                 raise UserError(f"{path}: no federated circuit in this file (missing group 'fc')")
-            return read_fc(f["fc"], load_models)
-    except UserError:
-        raise
+            fc = read_fc(f["fc"], load_models)
+        fc.validate()  # the structure, ψ and every sum node's weights
+        return fc
+    except UserError as e:
+        text = str(e)
+        raise UserError(text if str(path) in text else f"model file {path}: {text}") from None
     except OSError as e:
         raise UserError(f"cannot read model file {path}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a malformed file must not end in a traceback
         raise UserError(f"model file {path}: malformed ({type(e).__name__}: {e})") from None
+
+
+SOURCES = "sources"
+"""Key of ``fc.meta``: ``[[what, absolute path], ...]``, the files the model was trained from
+(the shard set and the files it was made from), which no later job may overwrite."""
+
+
+def model_sources(fc: FederatedCircuit) -> list[tuple[str, Path]]:
+    """``(what, path)`` of the files ``fc`` records as its sources (none for older models)."""
+    out = []
+    for item in fc.meta.get(SOURCES) or []:
+        if isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(v, str) for v in item):
+            out.append((item[0], Path(item[1])))
+    return out
 
 
 def fc_to_bytes(fc: FederatedCircuit, with_models: bool = False) -> np.ndarray:

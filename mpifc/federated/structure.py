@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from mpifc.circuit.leaves.base import weights_problem
 from mpifc.errors import UserError
 
 SUM = "sum"
@@ -252,9 +253,9 @@ class FederatedCircuit:
             if n.op == SUM:
                 if len(n.weights) != len(n.children):
                     raise UserError(f"sum node {nid}: {len(n.weights)} weights for {len(n.children)} children")
-                if np.any(n.weights < 0) or abs(float(n.weights.sum()) - 1.0) > 1e-9:
-                    raise UserError(f"sum node {nid} on rank {n.rank}: weights {n.weights.tolist()} "
-                                    f"are not a distribution")
+                problem = weights_problem(n.weights, 1e-9)
+                if problem is not None:
+                    raise UserError(f"sum node {nid} on rank {n.rank}: {problem}")
             if n.op == PRODUCT:
                 seen: set[str] = set()
                 for c, s in zip(n.children, scopes):

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.atomic import atomic_write_text
+from mpifc.atomic import OutputKind, atomic_write_text
 from mpifc.fedpc.protocol import PAYLOAD_SHAPES
 from mpifc.runtime.kinds import as_kind
 
@@ -163,17 +163,22 @@ class SendAudit:
             "raw_columns": sum(1 for r in self.records if r["contains_raw_column"]),
         }
 
-    def write(self, directory: str | Path) -> Path:
-        path = Path(directory) / f"audit-rank{self.rank}.json"
+    def write(self, directory: str | Path, path: str | Path | None = None) -> Path:
+        """Write this rank's audit file: ``directory/audit-rank<R>.json``, or ``path`` (its staged
+        partial file, :mod:`mpifc.runtime.outputs`)."""
+        path = Path(directory) / f"audit-rank{self.rank}.json" if path is None else Path(path)
         return atomic_write_text(path, json.dumps({"rank": self.rank, "raw_shapes": self.raw_shapes,
                                                    "summary": self.summary(), "sent": self.records}, indent=0))
 
 
-def merge(directory: str | Path) -> Path:
-    """``audit-summary.json``: every rank's summary merged (per-sample kinds by sending rank)."""
+def merge(directory: str | Path, files: list[Path] | None = None, to: str | Path | None = None) -> Path:
+    """``audit-summary.json``: every rank's summary merged (per-sample kinds by sending rank).
+
+    ``files``: the ranks' audit files (default: ``audit-rank*.json`` in ``directory``); ``to``:
+    where to write the summary (default ``directory/audit-summary.json``)."""
     d = Path(directory)
     ranks = {}
-    for p in sorted(d.glob("audit-rank*.json")):
+    for p in (sorted(d.glob("audit-rank*.json")) if files is None else files):
         doc = json.loads(p.read_text())
         ranks[int(doc["rank"])] = doc.get("summary") or {}
     per_sample: dict[str, dict[str, Any]] = {}
@@ -191,4 +196,17 @@ def merge(directory: str | Path) -> Path:
                                 if s.get("shape_violations")},
            "raw_rows": sum(s.get("raw_rows", 0) for s in ranks.values()),
            "raw_columns": sum(s.get("raw_columns", 0) for s in ranks.values())}
-    return atomic_write_text(d / "audit-summary.json", json.dumps(out, indent=1))
+    return atomic_write_text(d / "audit-summary.json" if to is None else to, json.dumps(out, indent=1))
+
+
+def is_audit_file(path: str | Path) -> bool:
+    """Whether ``path`` is an audit file (a rank's or the summary), judged by its JSON content."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and ("rank" in doc or "ranks" in doc)
+
+
+AUDIT_OUTPUT = OutputKind("an audit file", is_audit_file, members=r"audit-(summary|rank\d+)\.json")
+"""``--audit DIR``: the files it writes in DIR, each may replace only an earlier audit file."""

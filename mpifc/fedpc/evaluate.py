@@ -27,7 +27,7 @@ from mpifc.federated.one_pass import ids_digest
 from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import FederatedCircuit
 from mpifc.fedpc import protocol as P
-from mpifc.atomic import atomic_write_bytes
+from mpifc.atomic import OutputKind, atomic_write_bytes
 from mpifc.federated.placement import place_models
 from mpifc.fedpc.checks import check_model_matches, check_root_on_querier
 from mpifc.fedpc.devices import device_for, place_for_rank
@@ -219,6 +219,21 @@ def _metrics(fc: FederatedCircuit, joint: np.ndarray, test: Any, query: Query, c
         np.savez(buf, joint=joint, ll=ll)
         atomic_write_bytes(cfg.get("_stage", Path)(cfg["output_npz"]), buf.getvalue())
     return out
+
+
+def is_npz_output(path: str | Path) -> bool:
+    """Whether ``path`` is an earlier ``--output-npz`` file: an ``.npz`` archive holding exactly
+    the arrays ``joint`` and ``ll``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return sorted(z.namelist()) == ["joint.npy", "ll.npy"]
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+NPZ_OUTPUT = OutputKind("an --output-npz file (arrays joint and ll)", is_npz_output)
 
 
 def _f1_per_class(y: np.ndarray, pred: np.ndarray, n_classes: int) -> list[float | None]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mpifc.progress as progress
-from mpifc.atomic import check_outputs
+from mpifc.atomic import Output, check_outputs
 from mpifc.errors import UserError
 from mpifc.federated.one_pass import clusters_without_target
 from mpifc.runtime.liveness import DEFAULT_LIMIT_S
@@ -115,7 +115,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         device: ``--device`` (auto, cpu, cuda, cuda:N): where each client's EiNet and RAT-SPN
             PCs fit (:mod:`mpifc.runtime.device`); None: auto.
     """
-    from data_prep.shards import input_files, load_manifest
+    from data_prep.shards import input_files, load_manifest, source_files
     from mpifc.runtime.job import run_job
 
     started = process_started()
@@ -129,9 +129,14 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
     if cfg.get("em_iters") is not None and int(cfg["em_iters"]) < 1:
         raise UserError(f"--em-iters must be >= 1, got {cfg['em_iters']}")
     resolve_glue_and_refine(cfg, m)
-    check_outputs([("--model", cfg["model"], False), ("--ledger", ledger, False),
-                   ("--em-initial-model", cfg.get("em_initial_model"), False), ("--audit", cfg.get("audit"), True)],
-                  input_files(m))
+    from mpifc.fedpc.audit import AUDIT_OUTPUT
+    from mpifc.federated.serialize import MODEL_OUTPUT
+    from mpifc.runtime.ledger import LEDGER_OUTPUT
+
+    check_outputs([Output("--model", cfg["model"], MODEL_OUTPUT), Output("--ledger", ledger, LEDGER_OUTPUT),
+                   Output("--em-initial-model", cfg.get("em_initial_model"), MODEL_OUTPUT),
+                   Output("--audit", cfg.get("audit"), AUDIT_OUTPUT)],
+                  input_files(m), source_files(m), overwrite=bool(cfg.get("overwrite")))
     n_servers = 1 + (int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0)
 
     def on_ledger(table: Any) -> None:
@@ -186,8 +191,8 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
             gathered ledger) once every rank is done.
         device: ``--device``: where each rank's EiNet and RAT-SPN leaf PCs compute; None: auto.
     """
-    from data_prep.shards import input_files, load_manifest
-    from mpifc.federated.serialize import load_fc
+    from data_prep.shards import input_files, load_manifest, source_files
+    from mpifc.federated.serialize import load_fc, model_sources
     from mpifc.runtime.job import run_job
 
     if cfg["batch"] < 1:
@@ -198,9 +203,16 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
     need = max(fc.ranks()) + 1 if cfg["distributed"] else 1
     if cfg.get("query") == "sample" and cfg["n_samples"] < 1:
         raise UserError(f"--n-samples must be >= 1, got {cfg['n_samples']}")
-    check_outputs([("--ledger", ledger, False), ("--output-npz", cfg.get("output_npz"), False),
-                   ("--out", cfg.get("out"), False), ("--audit", cfg.get("audit"), True)],
-                  [("the model", Path(cfg["model"]))] + input_files(load_manifest(cfg["dir"])))
+    from mpifc.fedpc.audit import AUDIT_OUTPUT
+    from mpifc.fedpc.evaluate import NPZ_OUTPUT
+    from mpifc.fedpc.mpe import ROWS_OUTPUT
+    from mpifc.runtime.ledger import LEDGER_OUTPUT
+
+    m = load_manifest(cfg["dir"])
+    check_outputs([Output("--ledger", ledger, LEDGER_OUTPUT), Output("--output-npz", cfg.get("output_npz"), NPZ_OUTPUT),
+                   Output("--out", cfg.get("out"), ROWS_OUTPUT), Output("--audit", cfg.get("audit"), AUDIT_OUTPUT)],
+                  [("the model", Path(cfg["model"]))] + input_files(m), model_sources(fc) + source_files(m),
+                  overwrite=bool(cfg.get("overwrite")))
 
     def on_ledger(table: Any) -> None:
         result = cfg.get("_result") or {}
@@ -259,13 +271,13 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
         audit.protect(shard.x_train, "train")
         audit.protect(shard.x_test, "test")
     audit.install(ctx.transport)
-    Path(cfg["audit"]).mkdir(parents=True, exist_ok=True)
     return audit
 
 
 # -- query ---------------------------------------------------------------------------------------
 def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledger: str | None = None,
-          liveness: float = DEFAULT_LIMIT_S, device: str | None = None) -> int:
+          liveness: float = DEFAULT_LIMIT_S, device: str | None = None,
+          write_answer: Callable[[Any, Any], None] | None = None) -> int:
     """Answer a user's rows with the distributed passes (``mpifc query --distributed``); returns
     the exit code. The answer lands in ``cfg["_answer"]`` on rank 0.
 
@@ -277,6 +289,9 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
         deadline: seconds any single send or receive may wait.
         ledger: where rank 0 writes the per-message ledger CSV.
         device: ``--device``: where each rank's EiNet and RAT-SPN leaf PCs compute; None: auto.
+        write_answer: called on rank 0 inside the job as ``write_answer(answer, stage)``, where
+            ``stage(path)`` gives the partial file to write instead of ``path``: the answer file
+            then appears with the ledger, only if the whole job succeeds.
     """
     from mpifc.federated.serialize import load_fc
     from mpifc.fedpc.user_query import query_rank
@@ -292,6 +307,8 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
             answer = query_rank(ctx, cfg, rows)
         if ctx.rank == 0:
             cfg["_answer"] = answer
+            if write_answer is not None:
+                write_answer(answer, ctx.stage)
         return 0
 
     return run_job(job, config=cfg, servers=1, min_clients=need - 1, deadline=deadline, liveness=liveness,
@@ -303,8 +320,12 @@ def _finish_audit(ctx: Any, cfg: dict[str, Any], audit: Any) -> None:
     if audit is None:
         return
     from mpifc.fedpc.audit import merge
+    from mpifc.runtime.outputs import shared_partial
 
-    audit.write(cfg["audit"])
+    # Staged like every output: in place only if the whole job succeeds.
+    d = Path(cfg["audit"])
+    audit.write(d, ctx.outputs.stage(d / f"audit-rank{ctx.rank}.json", shared=True))
     ctx.transport.barrier()
     if ctx.rank == 0:
-        merge(cfg["audit"])
+        merge(d, files=[shared_partial(d / f"audit-rank{r}.json") for r in range(ctx.size)],
+              to=ctx.stage(d / "audit-summary.json"))

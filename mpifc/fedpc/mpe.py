@@ -51,7 +51,7 @@ from mpifc.federated.mpe import (
 from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.fedpc import protocol as P
-from mpifc.atomic import atomic_write_bytes
+from mpifc.atomic import OutputKind, atomic_write_bytes
 from mpifc.fedpc.checks import check_model_matches, check_root_on_querier
 from mpifc.fedpc.devices import device_for, place_for_rank
 from mpifc.fedpc.query import batches, exchange_evidence
@@ -263,3 +263,18 @@ def _finish(fc: FederatedCircuit, out: np.ndarray, cfg: dict[str, Any], mode: st
             f.attrs["features"] = json.dumps(list(fc.features))
         atomic_write_bytes(cfg.get("_stage", Path)(cfg["out"]), buf.getvalue())
     return res
+
+
+def is_rows_output(path: str | Path) -> bool:
+    """Whether ``path`` is an earlier ``evaluate --out`` file: HDF5 with a dataset ``x`` and the
+    attribute ``query`` (``mpe`` or ``sample``)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return "x" in f and str(f.attrs.get("query")) in ("mpe", "sample")
+    except Exception:  # noqa: BLE001 - an unreadable file is simply not one
+        return False
+
+
+ROWS_OUTPUT = OutputKind("an evaluate --out file (completions or samples)", is_rows_output)

@@ -45,6 +45,7 @@ fits need a larger ``--deadline``. The summary records the mode (``timing_mode``
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -67,7 +68,7 @@ from mpifc.federated.one_pass import (
     run_client_tasks,
     unpack_cluster_ids,
 )
-from mpifc.federated.serialize import save_fc
+from mpifc.federated.serialize import SOURCES, save_fc
 from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
 from mpifc.fedpc import protocol as P
 from mpifc.fedpc.data import ClientData, read_client_data
@@ -432,7 +433,7 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         # on GPUs records the same messages and bytes as one on CPUs
         "devices": devices,
     }
-    fc.meta.update(train=summary, codec=model_codec(manifest))
+    fc.meta.update(train=summary, codec=model_codec(manifest), **{SOURCES: recorded_sources(manifest)})
     ctx.enter("write")
     progress.phase("writing the model")
     # Written beside its final path; in place only once every rank has finished (run_job).
@@ -457,6 +458,14 @@ def model_codec(manifest: Any) -> dict[str, Any]:
     from data_prep.codec import RowCodec
 
     return RowCodec.from_manifest(manifest.raw).to_json()
+
+
+def recorded_sources(manifest: Any) -> list[list[str]]:
+    """What the model records as its sources (:data:`mpifc.federated.serialize.SOURCES`): the
+    shard set's files and the files it was made from, as absolute paths."""
+    from data_prep.shards import input_files, source_files
+
+    return [[what, os.path.abspath(p)] for what, p in input_files(manifest) + source_files(manifest)]
 
 
 def _recv_report(t: Any, plan: FederationPlan, c: int, rank: int) -> ClientReport:

@@ -86,7 +86,7 @@ def _train_job(ctx: Any) -> int:
         res = fedngm_rank(ctx, settings, schema=schema, public=public)
         extra = {"family": "ngm", "dir": cfg["dir"], "clients": n_clients, "min_clients": cfg["min_clients"],
                  "public": cfg.get("public"), "sample_counts": res.sample_counts, "seed": cfg["seed"]}
-        save_ngm(res.global_model, cfg["model"], extra)
+        save_ngm(res.global_model, ctx.stage(cfg["model"]), extra)  # in place only if the job succeeds
         cfg["_summary"] = {**result_summary(res), "model": cfg["model"], "clients": n_clients}
         return 0
     index = ctx.rank - 1
@@ -101,10 +101,10 @@ def _train_job(ctx: Any) -> int:
     x = shard.x_train[keep][:, [list(shard.features).index(n) for n in names]]
     res = fedngm_rank(ctx, settings, x, shard_schema(manifest, names))
     if cfg.get("save_local"):
-        save_ngm(res.local_model, Path(cfg["save_local"]) / f"client-{index}.h5",
+        save_ngm(res.local_model, ctx.stage(Path(cfg["save_local"]) / f"client-{index}.h5"),
                  {"family": "ngm", "client": index, "fold": cfg["fold"], "folds": cfg["folds"]})
         if res.stitched_model is not None:
-            save_ngm(res.stitched_model, Path(cfg["save_local"]) / f"client-{index}-stitched.h5",
+            save_ngm(res.stitched_model, ctx.stage(Path(cfg["save_local"]) / f"client-{index}-stitched.h5"),
                      {"family": "ngm", "client": index, "stitched": True})
     return 0
 
@@ -122,21 +122,26 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
         ledger: where rank 0 writes the per-message ledger CSV.
         as_json: rank 0 prints the summary as one JSON line.
     """
-    from data_prep.shards import input_files, load_manifest
-    from mpifc.atomic import check_outputs
-    from mpifc.ngm.job import audit_client_sends
+    from data_prep.shards import input_files, load_manifest, source_files
+    from mpifc.atomic import Output, OutputKind, check_outputs
+    from mpifc.federated.serialize import MODEL_OUTPUT, is_model_file
     from mpifc.runtime.job import run_job
+    from mpifc.runtime.ledger import LEDGER_OUTPUT
 
-    if cfg["fold"] is not None:
-        fold_rows(cfg["folds"], cfg["folds"], cfg["fold"], 0)  # validates --fold/--folds
-    _settings(cfg)  # bad settings fail here, before any rank starts
+    local_models = OutputKind("an mpifc model", is_model_file, members=r"client-\d+(-stitched)?\.h5")
     inputs = input_files(load_manifest(cfg["dir"]))
     if cfg.get("public"):
         inputs += input_files(load_manifest(cfg["public"]))
-    check_outputs([("--model", cfg["model"], False), ("--ledger", ledger, False),
-                   ("--save-local", cfg.get("save_local"), True)], inputs)
+    check_outputs([Output("--model", cfg["model"], MODEL_OUTPUT), Output("--ledger", ledger, LEDGER_OUTPUT),
+                   Output("--save-local", cfg.get("save_local"), local_models)], inputs,
+                  source_files(load_manifest(cfg["dir"])), overwrite=bool(cfg.get("overwrite")))
+    if cfg["fold"] is not None:
+        fold_rows(cfg["folds"], cfg["folds"], cfg["fold"], 0)  # validates --fold/--folds
+    _settings(cfg)  # bad settings fail here, before any rank starts
 
     def on_ledger(table: Any) -> None:
+        from mpifc.ngm.job import audit_client_sends
+
         audit = audit_client_sends(table)  # raises on a forbidden payload class
         summary = cfg.get("_summary") or {}
         rows = table.rows

@@ -19,7 +19,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpifc.atomic import atomic_path
+from mpifc.atomic import atomic_h5
 from mpifc.errors import UserError
 from mpifc.ngm.model import NGM
 
@@ -27,9 +27,10 @@ FORMAT = "mpifc-ngm/1"
 
 
 def save_ngm(model: NGM, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` to ``path`` (temp file in the same folder, then renamed over ``path``)."""
+    """Write ``model`` to ``path`` (built in memory, then a temp file in the same folder renamed
+    over ``path``; a failed write is a UserError naming ``path``)."""
     meta, arrays = model.to_payload()
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_h5(path) as f:
         f.attrs["format"] = FORMAT
         f.attrs["meta"] = json.dumps(meta)
         f.attrs["extra"] = json.dumps(extra or {})
@@ -60,6 +61,9 @@ def load_ngm(path: str | Path) -> tuple[NGM, dict[str, Any]]:
         raise UserError(f"{path}: cannot read as HDF5 ({e})") from None
     except (KeyError, ValueError) as e:
         raise UserError(f"{path}: malformed NGM model file ({e})") from None
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+            raise UserError(f"{path}: array {name!r} holds a value that is not finite")
     try:
         return NGM.from_payload(meta, arrays), extra
     except UserError as e:

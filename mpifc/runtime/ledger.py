@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.atomic import atomic_write_text
+from mpifc.atomic import OutputKind, atomic_write_text
 from mpifc.runtime.kinds import kind_by_id
 
 ROW_DTYPE = np.dtype([
@@ -50,6 +50,19 @@ if _ROW_BYTES != ROW_DTYPE.itemsize:  # pragma: no cover - a platform with other
 
 CSV_COLUMNS = ("phase", "kind", "payload_class", "src", "dst", "payload_bytes", "header_bytes",
                "total_bytes", "n_mpi_messages", "t_send", "t_recv", "latency_s")
+
+
+def is_ledger_file(path: str | Path) -> bool:
+    """Whether ``path`` is a ledger CSV, judged by its header line (:data:`CSV_COLUMNS`)."""
+    try:
+        with open(path, "rb") as f:
+            return f.readline(1024).rstrip(b"\r\n") == ",".join(CSV_COLUMNS).encode()
+    except OSError:
+        return False
+
+
+LEDGER_OUTPUT = OutputKind("a ledger (per-message CSV)", is_ledger_file)
+"""``--ledger``: may replace only an earlier ledger."""
 
 
 class CommLedger:

@@ -6,13 +6,19 @@ each output to a partial file in the output's own folder (:meth:`StagedOutputs.s
 runner renames them all into place (:meth:`StagedOutputs.commit`) only after every rank has
 finished and every file was written. A failing rank removes its partial files before it aborts
 (:meth:`StagedOutputs.discard`); partial files of a rank killed outright are removed by the node
-sentinel (:mod:`mpifc.runtime.sentinel`), to which each one is registered.
+sentinel (:mod:`mpifc.runtime.sentinel`), to which each one is registered. Folders made for an
+output (``--audit DIR`` where DIR did not exist) are removed again when the job fails.
+
+A failed write of a partial file names the output as the user gave it (``--model m.h5: cannot
+be written (No space left on device)``, :func:`mpifc.atomic.output_label`), not the partial name.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Any
+
+from mpifc.atomic import name_output, output_label, write_error
 
 
 class StagedOutputs:
@@ -26,25 +32,53 @@ class StagedOutputs:
     def __init__(self, node: Any = None) -> None:
         self.node = node
         self._files: list[tuple[Path, Path, str | None]] = []  # (partial, final, sentinel key)
+        self._made: list[tuple[Path, str | None]] = []  # folders made for outputs (and sentinel keys), in order
 
-    def stage(self, final: str | os.PathLike) -> Path:
-        """The partial path to write instead of ``final`` (same folder, hidden name)."""
+    def stage(self, final: str | os.PathLike, shared: bool = False) -> Path:
+        """The partial path to write instead of ``final`` (same folder, hidden name); its folder
+        is made if missing.
+
+        ``shared``: the partial name does not depend on the process, so another rank of the
+        same job can find it (e.g. rank 0 merging every rank's audit file before they are in
+        place)."""
         final = Path(final)
-        partial = final.with_name(f".{final.name}.partial-{os.getpid()}-{len(self._files)}")
+        self._make_folder(final.parent)
+        partial = shared_partial(final) if shared else \
+            final.with_name(f".{final.name}.partial-{os.getpid()}-{len(self._files)}")
+        name_output(partial, output_label(final))
         key = self.node.stage(partial) if self.node is not None else None
         self._files.append((partial, final, key))
         return partial
+
+    def _make_folder(self, folder: Path) -> None:
+        missing = []
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise write_error(d, e) from None
+            # the sentinel removes it (if empty) when this rank is killed before it can
+            self._made.append((d, self.node.stage(d) if self.node is not None else None))
 
     def commit(self) -> list[Path]:
         """Rename every partial file that was written to its final path; returns those paths."""
         done = []
         for partial, final, key in self._files:
             if partial.exists():
-                os.replace(partial, final)
+                try:
+                    os.replace(partial, final)
+                except OSError as e:
+                    raise write_error(final, e) from None
                 done.append(final)
             if key is not None:
                 self.node.unstage(key)
         self._files.clear()
+        self._forget_folders(remove=False)
         return done
 
     def discard(self) -> None:
@@ -57,6 +91,26 @@ class StagedOutputs:
             if key is not None:
                 self.node.unstage(key)
         self._files.clear()
+        self._forget_folders(remove=True)
+
+    def _forget_folders(self, remove: bool) -> None:
+        for d, key in reversed(self._made):  # deepest first
+            if remove:
+                try:
+                    d.rmdir()
+                except OSError:
+                    # Still holds another rank's partial files: left registered, so the node
+                    # sentinel removes it once they are gone.
+                    continue
+            if key is not None:
+                self.node.unstage(key)
+        self._made.clear()
+
+
+def shared_partial(final: str | os.PathLike) -> Path:
+    """The partial file of ``final`` staged with ``shared=True`` (by whichever rank)."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.partial")
 
 
 _current: StagedOutputs | None = None

@@ -15,7 +15,7 @@ library and starts in a few tens of milliseconds. It reads the node folder the r
 (``rank-R``: the process id, touched as a beacon until the rank's MPI heartbeats run;
 ``rank-R.phase``; markers ``rank-R.ready`` (entering ``MPI_Init``), ``rank-R.up`` (heartbeats
 running), ``rank-R.final`` (heartbeats stopped), ``rank-R.end`` (a normal end); ``abort``: the job
-reported its own failure; ``stage-R-N``: a partial output file), writes ``watching`` once it
+reported its own failure; ``stage-R-N``: a partial output file, or a folder made for outputs), writes ``watching`` once it
 watches every rank of the node (the ranks wait for that before they start MPI), and acts on
 what it sees:
 
@@ -275,15 +275,23 @@ class Sentinel:
             names = os.listdir(self.folder)
         except OSError:
             names = []
+        folders = []
         for name in names:
             if failed and name.startswith("stage-"):
                 target = (_read(self.path(name)) or "").strip()
-                if target:
+                if target and os.path.isdir(target):
+                    folders.append(target)  # a folder made for outputs: removed below, once empty
+                elif target:
                     remove_partial(target)
             try:
                 os.unlink(self.path(name))
             except OSError:
                 pass
+        for folder in sorted(folders, key=len, reverse=True):  # deepest first
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass  # not empty: someone else's files are in it
         try:
             os.rmdir(self.folder)
         except OSError:

@@ -205,3 +205,50 @@ def test_declared_scopes_survive_a_round_trip(tmp_path: Path) -> None:
         assert "scope_vars" in grp
         back = load_graph(grp)
     assert [tuple(n.scope) for n in G.topological_order(back)] == [tuple(n.scope) for n in g_order]
+
+
+def _model_of_each_kind(kind: str):
+    from mpifc.circuit.einet import EiNet, EiNetConfig
+    from mpifc.federated.factorized import FactorizedModel
+
+    if kind == "ratspn":
+        return RatSPN(5, depth=2, repetitions=2, num_sums=2, num_leaves=2, leaf="gaussian", seed=0)
+    if kind == "einet":
+        return EiNet.poon_domingos((2, 2), [2], EiNetConfig(num_sums=2, leaf="gaussian", num_levels=3, dtype="float64"))
+    if kind == "fcdt":
+        from mpifc.federated.fcdt import TreeClassifier
+
+        return TreeClassifier(3, 2, [1, -1, -1], [2, -1, -1], [0, -2, -2], [0.5, -2.0, -2.0],
+                              [[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]])
+    x = np.random.default_rng(0).normal(size=(50, 3))
+    x[:, 2] = np.arange(50) % 3
+    return FactorizedModel.fit(x, ["real", "real", "categorical"], [0, 0, 3])
+
+
+@pytest.mark.parametrize("kind,dataset,index,value,needle", [
+    ("ratspn", "leaves/var", 3, -1.0, "'var'[3] = -1.0: a variance must be finite and > 0"),
+    ("ratspn", "weights0", 0, 2.0, "'weights0' are not normalised"),
+    ("ratspn", "root_weights", 0, np.nan, "'root_weights' holds a weight that is negative or not finite"),
+    ("einet", "params/leaf_var", 1, 0.0, "'var' holds a variance <= 0"),
+    ("einet", "params/mixing_1", 0, 0.3, "'mixing_1' are not normalised"),
+    ("einet", "params/einsum_0", 0, -0.1, "'einsum_0' holds a weight that is negative"),
+    ("factorized", "var", 1, -2.0, "'var'[1] = -2.0"),
+    ("factorized", "log_probs", 6, np.inf, "'log_probs'[2]"),
+    ("fcdt", "left", 0, 0, "a child id out of range"),
+    ("fcdt", "feature", 0, 5, "'feature': a split on a column outside 0..1"),
+    ("fcdt", "probs", 2, 1.5, "'probs': a node's class probabilities are not a distribution"),
+], ids=lambda v: v if isinstance(v, str) and "/" not in v and " " not in v else None)
+def test_a_model_with_a_parameter_out_of_its_domain_is_refused_on_load(kind, dataset, index, value, needle, tmp_path):
+    """Each model type's loader checks its own parameters (file and wire alike), naming the file
+    and the parameter: a model edited on purpose must not answer."""
+    path = tmp_path / "bad.h5"
+    save_model_file(_model_of_each_kind(kind), path)
+    load_model_file(path)  # as written: fine
+    with h5py.File(path, "r+") as f:
+        ds = f[f"model/{dataset}"]
+        a = ds[()]
+        a.reshape(-1)[index] = value
+        ds[...] = a
+    with pytest.raises(UserError) as e:
+        load_model_file(path)
+    assert "bad.h5" in str(e.value) and needle in str(e.value), str(e.value)

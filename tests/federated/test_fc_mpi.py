@@ -237,7 +237,7 @@ def test_tree_with_one_server_end_to_end_and_root_away_from_rank_0(data, tmp_pat
     with h5py.File(bad, "a") as f:
         f["fc/nodes/rank"][fc.root] = 1
     seal(bad)  # edited on purpose: the checksum would refuse it first
-    for query in ([], ["--query", "mpe", "--out", str(tmp_path / "m.h5")]):
+    for query in ([], ["--query", "mpe", "--out", str(tmp_path / "mpe.h5")]):
         r = run_mpi(4, JOB + ["evaluate", str(shards), "--model", str(bad), "--distributed", "--deadline", "60",
                               *query], timeout=50)
         assert r.returncode == 2, r.stderr

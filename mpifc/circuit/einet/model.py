@@ -22,6 +22,7 @@ from mpifc.circuit.einet.layers import EinsumLayer, MixingLayer
 from mpifc.circuit.einet.leaves import LEAF_FAMILIES, LeafFamily
 from mpifc.circuit.device import guarded
 from mpifc.circuit.einet.region_graph import RegionGraph, poon_domingos, random_binary_trees
+from mpifc.circuit.leaves.base import grouped_weights_problem
 from mpifc.errors import UserError
 
 ArrayLike = np.ndarray | torch.Tensor
@@ -528,7 +529,21 @@ class EiNet:
 
     @classmethod
     def load(cls, group: Any) -> "EiNet":
-        """Rebuild a model written by :meth:`save` on the CPU; outputs are bit-identical."""
+        """Rebuild a model written by :meth:`save` on the CPU; outputs are bit-identical. A malformed group,
+        or parameters that are not a distribution (:func:`parameter_problem`), is a UserError
+        naming the file, the group and the parameter."""
+        where = f"{group.file.filename}:{group.name}"
+        try:
+            model = cls._load(group)
+        except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+            raise UserError(f"{where}: malformed einet group ({type(e).__name__}: {e})") from None
+        problem = parameter_problem(model)
+        if problem is not None:
+            raise UserError(f"{where}: {problem}")
+        return model
+
+    @classmethod
+    def _load(cls, group: Any) -> "EiNet":
         config = EiNetConfig(**{**json.loads(group.attrs["config"]), "device": "cpu"})
         g = group["graph"]
         sizes = g["region_sizes"][()]
@@ -544,6 +559,30 @@ class EiNet:
         model.einsum_weights = [model._to(torch.from_numpy(p[f"einsum_{i}"][()])) for i in range(n_layers)]
         model.mixing_weights = [model._to(torch.from_numpy(p[f"mixing_{i}"][()])) for i in range(n_layers)]
         return model
+
+
+def parameter_problem(model: EiNet) -> str | None:
+    """What is wrong with an EiNet's parameters, or None: every sum weight finite, >= 0 and
+    normalised (einsum weights over their two input axes, mixing weights over the mixed
+    regions), every leaf mean finite, variance finite and > 0, probability vector a distribution."""
+    tol = 1e-4 if model.dtype == torch.float32 else 1e-6
+    groups = [(f"einsum_{i}", w, (2, 3)) for i, w in enumerate(model.einsum_weights)] + \
+             [(f"mixing_{i}", v, (2,)) for i, v in enumerate(model.mixing_weights)]
+    for name, w, axes in groups:
+        problem = grouped_weights_problem(name, w.detach().double().cpu().numpy(), axes, tol)
+        if problem is not None:
+            return problem
+    for name, t in model.leaf.params.items():
+        a = t.detach().double().cpu().numpy()
+        if not np.all(np.isfinite(a)):
+            return f"leaf parameter {name!r} holds a value that is not finite"
+        if name.endswith("var") and not np.all(a > 0):
+            return f"leaf parameter {name!r} holds a variance <= 0 ({float(a.min())!r})"
+        if name.endswith("probs"):
+            sums = a.sum(axis=-1)
+            if not np.all(a >= 0) or (sums.size and float(np.max(np.abs(sums - 1.0))) > tol):
+                return f"leaf parameter {name!r} holds a probability vector that is not a distribution"
+    return None
 
 
 def _pick(logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:

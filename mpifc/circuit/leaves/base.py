@@ -87,6 +87,32 @@ class Leaf:
         obj._p = {k: np.array(params[k], dtype=np.float64) for k in cls.param_names}
         return obj
 
+    @classmethod
+    def param_problem(cls, params: dict[str, np.ndarray], tol: float = 1e-6) -> str | None:
+        """What is wrong with one leaf's parameters (as :meth:`params` gives them), naming the
+        parameter and its value; None when they describe a valid distribution. Run on every leaf
+        a model file or a message brings in (:meth:`from_params` itself never checks).
+
+        ``tol``: how far a sum or an integral that must be 1 may be off (rounding).
+        """
+        for k in cls.param_names:
+            if k not in params:
+                return f"parameter {k!r} missing"
+            a = np.asarray(params[k])
+            if k in cls.ragged:
+                if a.ndim != 1 or a.size == 0:
+                    return f"{k!r} must be a non-empty list of numbers, got shape {a.shape}"
+            elif a.size != 1:
+                return f"{k!r} must be one number, got {a.size}"
+            if a.dtype.kind not in "biuf":
+                return f"{k!r} must be numeric, got {a.dtype}"
+        return cls._value_problem({k: np.asarray(params[k], dtype=np.float64) for k in cls.param_names}, tol)
+
+    @classmethod
+    def _value_problem(cls, p: dict[str, np.ndarray], tol: float) -> str | None:
+        """:meth:`param_problem` for the values (shapes and dtypes already checked)."""
+        return None
+
     def num_parameters(self) -> int:
         """Number of learnable scalars."""
         return int(sum(self._p[k].size for k in self.learnable))
@@ -204,6 +230,49 @@ class Leaf:
     def fit(cls, values: Any, weights: Any | None = None, **hp: Any) -> "Leaf":
         """Weighted maximum-likelihood (with smoothing/floors) from ``values`` ``(n,)``; NaN ignored."""
         raise NotImplementedError
+
+
+def bad_value(p: dict[str, np.ndarray], name: str, ok: Any, rule: str) -> str | None:
+    """``"'name' = value: rule"`` for the first value of ``p[name]`` where ``ok`` is False (None
+    if every one is fine); ``ok`` is a boolean array over ``p[name]`` (NaN compares False)."""
+    ok = np.asarray(ok, dtype=bool).reshape(-1)
+    if ok.all():
+        return None
+    vals = np.asarray(p[name], dtype=np.float64).reshape(-1)
+    i = int(np.argmin(ok))
+    where = f"[{i}]" if vals.size > 1 else ""
+    return f"{name!r}{where} = {float(vals[i])!r}: {rule}"
+
+
+def unit_problem(name: str, total: float, tol: float, what: str = "sum") -> str | None:
+    """``"'name' sum to X, not 1"`` unless ``total`` is 1 within ``tol``."""
+    if abs(total - 1.0) <= tol:
+        return None
+    return f"{name!r} {what} to {total!r}, not 1"
+
+
+def weights_problem(w: np.ndarray, tol: float) -> str | None:
+    """What keeps the weights ``w`` of one sum node from being a distribution (naming the first
+    bad weight), or None: each finite and >= 0, all summing to 1 within ``tol``."""
+    bad = ~(np.isfinite(w) & (w >= 0))
+    if bad.any():
+        j = int(np.argmax(bad))
+        return f"weight {j} = {float(w[j])!r} (weights must be finite and >= 0)"
+    if abs(float(w.sum()) - 1.0) > tol:
+        return f"the weights sum to {float(w.sum())!r}, not 1"
+    return None
+
+
+def grouped_weights_problem(name: str, w: np.ndarray, axes: tuple[int, ...], tol: float) -> str | None:
+    """:func:`weights_problem` for an array of weight groups (RAT-SPN and EiNet layers): every
+    weight finite and >= 0, each group along ``axes`` summing to 1 within ``tol``."""
+    if not (np.all(np.isfinite(w)) and np.all(w >= 0)):
+        return f"{name!r} holds a weight that is negative or not finite"
+    sums = np.ravel(w.sum(axis=axes))
+    worst = int(np.argmax(np.abs(sums - 1.0))) if sums.size else 0
+    if sums.size and abs(float(sums[worst]) - 1.0) > tol:
+        return f"{name!r} are not normalised (a group sums to {float(sums[worst])!r})"
+    return None
 
 
 def _np_safe_log(p: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never need it
 
 from mpifc.circuit.leaves.base import (LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _mix, _np_finish,
-                                       _np_row_searchsorted, _np_safe_log, _safe_log)
+                                       _np_row_searchsorted, _np_safe_log, _safe_log, bad_value, unit_problem)
 from mpifc.errors import UserError
 
 
@@ -49,6 +49,17 @@ def _sample_tails(out: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: np.ndar
     scale = hi - lo
     t = np.where(side, lo - e * scale, hi + e * scale)
     return np.where(u < tail, t, out)
+
+
+def _knots_problem(p: dict[str, np.ndarray], name: str) -> str | None:
+    """Finite, strictly increasing edges or knots ``p[name]``."""
+    a = p[name]
+    return (bad_value(p, name, np.isfinite(a), "edges must be finite")
+            or bad_value(p, name, np.concatenate([[True], np.diff(a) > 0]), "edges must be strictly increasing"))
+
+
+def _tail_problem(p: dict[str, np.ndarray]) -> str | None:
+    return bad_value(p, "tail", (p["tail"] >= 0) & (p["tail"] < 1), "the tail mass must be in [0, 1)")
 
 
 def _check_tail(tail: float, who: str) -> float:
@@ -98,6 +109,19 @@ class Histogram(Leaf):
         self._p = {"breaks": b, "densities": d / mass, "discrete": np.array(float(discrete)),
                    "alpha": np.array(float(alpha)),
                    "tail": np.array(0.0 if discrete else _check_tail(tail, "Histogram"))}
+
+    @classmethod
+    def _value_problem(cls, p: dict[str, np.ndarray], tol: float) -> str | None:
+        b, d = p["breaks"], p["densities"]
+        if b.size != d.size + 1:
+            return f"'breaks' has {b.size} edges for {d.size} bins (needs one more edge than bins)"
+        return (_knots_problem(p, "breaks")
+                or bad_value(p, "densities", np.isfinite(d) & (d >= 0), "a density must be finite and >= 0")
+                or unit_problem("densities", float((d * np.diff(b)).sum()), tol, "integrate")
+                or bad_value(p, "discrete", (p["discrete"] == 0) | (p["discrete"] == 1), "must be 0 or 1")
+                or bad_value(p, "alpha", np.isfinite(p["alpha"]) & (p["alpha"] >= 0),
+                             "a pseudo-count must be finite and >= 0")
+                or _tail_problem(p))
 
     @classmethod
     def _bin(cls, P: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,6 +282,16 @@ class PiecewiseLinear(Leaf):
         if np.any(b < 0) or not abs(area - 1) <= 1e-6:
             raise UserError(f"PiecewiseLinear: ys must be >= 0 with integral 1 (got {area:.6g})")
         self._p = {"xs": a, "ys": b / area, "tail": np.array(_check_tail(tail, "PiecewiseLinear"))}
+
+    @classmethod
+    def _value_problem(cls, p: dict[str, np.ndarray], tol: float) -> str | None:
+        xs, ys = p["xs"], p["ys"]
+        if xs.size < 2 or xs.size != ys.size:
+            return f"'xs' and 'ys' must hold as many knots, at least 2 (got {xs.size} and {ys.size})"
+        return (_knots_problem(p, "xs")
+                or bad_value(p, "ys", np.isfinite(ys) & (ys >= 0), "a density must be finite and >= 0")
+                or unit_problem("ys", float(np.trapezoid(ys, xs)), tol, "integrate")
+                or _tail_problem(p))
 
     @classmethod
     def _segment(cls, P: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

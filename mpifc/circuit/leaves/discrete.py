@@ -8,8 +8,12 @@ import numpy as np
 from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never need it
 
 from mpifc.circuit.leaves.base import (LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _flow, _mix,
-                                       _np_finish, _np_safe_log, _safe_log)
+                                       _np_finish, _np_safe_log, _safe_log, bad_value, unit_problem)
 from mpifc.errors import UserError
+
+
+def _alpha_problem(p: dict[str, np.ndarray]) -> str | None:
+    return bad_value(p, "alpha", np.isfinite(p["alpha"]) & (p["alpha"] >= 0), "a pseudo-count must be finite and >= 0")
 
 
 class Bernoulli(Leaf):
@@ -28,6 +32,11 @@ class Bernoulli(Leaf):
         if not (0.0 <= p <= 1.0) or not alpha >= 0:
             raise UserError(f"Bernoulli: need 0 <= p <= 1 and alpha >= 0, got p={p}, alpha={alpha}")
         self._p = {"p": np.array(float(p)), "alpha": np.array(float(alpha))}
+
+    @classmethod
+    def _value_problem(cls, p: dict[str, np.ndarray], tol: float) -> str | None:
+        return (bad_value(p, "p", (p["p"] >= 0) & (p["p"] <= 1), "a probability must be in [0, 1]")
+                or _alpha_problem(p))
 
     @classmethod
     def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
@@ -93,6 +102,12 @@ class Categorical(Leaf):
         if p.size == 0 or np.any(~np.isfinite(p)) or np.any(p < 0) or abs(p.sum() - 1) > 1e-6:
             raise UserError(f"Categorical: probs must be finite, >= 0 and sum to 1, got {p}")
         self._p = {"probs": p / p.sum(), "alpha": np.array(float(alpha))}
+
+    @classmethod
+    def _value_problem(cls, p: dict[str, np.ndarray], tol: float) -> str | None:
+        probs = p["probs"]
+        return (bad_value(p, "probs", np.isfinite(probs) & (probs >= 0), "a probability must be finite and >= 0")
+                or unit_problem("probs", float(probs.sum()), tol) or _alpha_problem(p))
 
     @classmethod
     def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,17 @@ import numpy as np
 from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never need it
 
 from mpifc.circuit.leaves.base import (_BIG, _LOG_2PI, LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _flow,
-                                       _mix, _np_finish)
+                                       _mix, _np_finish, bad_value)
 from mpifc.errors import UserError
+
+
+def _normal_problem(p: dict[str, np.ndarray]) -> str | None:
+    """The checks a Gaussian's and a discretized Gaussian's parameters share."""
+    return (bad_value(p, "mean", np.isfinite(p["mean"]), "a mean must be finite")
+            or bad_value(p, "var", np.isfinite(p["var"]) & (p["var"] > 0), "a variance must be finite and > 0")
+            or bad_value(p, "min_var", np.isfinite(p["min_var"]) & (p["min_var"] > 0),
+                         "the variance floor must be finite and > 0")
+            or bad_value(p, "max_var", p["max_var"] >= p["min_var"], "the variance ceiling must be >= min_var"))
 
 
 class Gaussian(Leaf):
@@ -36,6 +45,10 @@ class Gaussian(Leaf):
         v = min(max(float(var), float(min_var)), max_var)
         self._p = {k: np.array(float(val)) for k, val in
                    zip(self.param_names, (mean, v, min_var, max_var))}
+
+    @classmethod
+    def _value_problem(cls, p: dict[str, np.ndarray], tol: float) -> str | None:
+        return _normal_problem(p)
 
     @classmethod
     def batch_log_prob(cls, P: Params, x: torch.Tensor) -> torch.Tensor:
@@ -155,6 +168,15 @@ class DiscretizedGaussian(Leaf):
         v = min(max(float(var), float(min_var)), max_var)
         self._p = {k: np.array(float(val)) for k, val in
                    zip(self.param_names, (mean, v, int(levels), bin_width, min_var, max_var))}
+
+    @classmethod
+    def _value_problem(cls, p: dict[str, np.ndarray], tol: float) -> str | None:
+        levels = p["levels"]
+        return (_normal_problem(p)
+                or bad_value(p, "levels", (levels >= 2) & (levels == np.floor(levels)) & np.isfinite(levels),
+                             "the number of levels must be an integer >= 2")
+                or bad_value(p, "bin_width", np.isfinite(p["bin_width"]) & (p["bin_width"] > 0),
+                             "a bin width must be finite and > 0"))
 
     @classmethod
     def _std_edges(cls, P: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
