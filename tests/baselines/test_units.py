@@ -104,9 +104,9 @@ def test_configs_survive_the_command_line():
         return p
 
     fa = FedAvgConfig(dir="/d", rounds=7, local_epochs=3, fraction=0.3, batch_size=0, lr=0.05, hidden=(8, 4),
-                      seed=9, dtype="float64", deadline=12.5, save_params="/p.npy")
+                      seed=9, dtype="float64", deadline=12.5, save_params="/p.npy", device="cpu")
     assert fedavg_config(parser(add_fedavg_arguments).parse_args(fa.to_argv())) == fa
-    sp = SplitNNConfig(dir="/d", epochs=2, cut=5, batch_size=16, lr=0.3, bottom_hidden=(), top_hidden=(6, 3), seed=4)
+    sp = SplitNNConfig(dir="/d", epochs=2, cut=5, batch_size=16, lr=0.3, bottom_hidden=(), top_hidden=(6, 3), seed=4, device="cuda:1")
     assert splitnn_config(parser(add_splitnn_arguments).parse_args(sp.to_argv())) == sp
 
 

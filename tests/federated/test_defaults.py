@@ -147,10 +147,12 @@ def test_the_meta_records_what_each_client_fitted_with():
 
 
 def test_fit_records_survive_the_model_file(tmp_path):
+    from mpifc.federated.assign import assign_flat
     from mpifc.federated.serialize import load_fc, save_fc
 
     builder = OnePassBuilder(n_clusters=None)
     fc = build_single_process(builder, _vertical(120), ["a0", "a1", "y", "b0", "b1"], "y", "vertical")
+    assign_flat(fc)  # ψ as a job sets it: inner nodes on the server
     save_fc(fc, tmp_path / "m.h5")
     back = load_fc(tmp_path / "m.h5")
     assert back.meta["hyperparameters"] == fc.meta["hyperparameters"]

@@ -70,13 +70,23 @@ def gone_soon(*paths: Path, timeout: float = 10.0) -> bool:
     return True
 
 
+PATIENTS_SCHEMA = {
+    "columns": [{"name": "id", "type": "skip"}, {"name": "age", "type": "discrete"},
+                {"name": "city", "type": "categorical"}, {"name": "bmi", "type": "real"},
+                {"name": "pressure", "type": "real"}, {"name": "visits", "type": "discrete"},
+                {"name": "readmitted", "type": "categorical"}],
+    "target": "readmitted", "header": True, "delimiter": ",", "missing": ["", "?", "NA"]}
+
+
 @pytest.fixture(scope="module")
 def user(tmp_path_factory) -> Path:
     """A user's folder: the example CSV, its schema, rows to ask about, shards made from the CSV
     (``pat``), a model trained on them (``m.h5``) with its ledger (``l.csv``), and notes."""
     d = tmp_path_factory.mktemp("user")
-    for name in ("patients.csv", "patients.schema.json", "patients-ask.csv"):
+    for name in ("patients.csv", "patients-ask.csv"):
         shutil.copy(EXAMPLES / name, d / name)
+    # a schema the user wrote beside the CSV (it wins over the inferred types)
+    (d / "patients.schema.json").write_text(json.dumps(PATIENTS_SCHEMA, indent=1))
     (d / "notes.txt").write_text("a user's notes\n")
     assert prep_main(["--dataset", "csv", "--path", str(d / "patients.csv"), "--setting", "vertical",
                       "--clients", "2", "--out", str(d / "pat")]) == 0

@@ -207,7 +207,8 @@ def test_scancel_mid_training_leaves_no_model_and_no_process(slurm: Cluster, sha
         assert slurm.queued([job_id]), "the job ended before EM started: " + (out.read_text() if out.exists() else "")
         time.sleep(0.3)
     ranks = {p: c for p, c in job_processes(job_id, slurm.conf).items()
-             if Path(c.split()[0]).name.startswith("python") and " train " in c}  # not srun, not sh
+             if Path(c.split()[0]).name.startswith("python") and " train " in c
+             and " -c " not in c}  # not srun, not sh, not rank 0's progress ticker (a `python -c` helper)
     assert len(ranks) == 4 and not model.exists() and not one_pass.exists(), ranks
     slurm.check(["scancel", job_id])
     slurm.wait_drained([job_id], timeout=60)
