@@ -4,7 +4,7 @@ Real ``mpiexec`` jobs on breast cancer (3 horizontal clients) with ``MPIFC_MODUL
 (:func:`mpifc.runtime.job.write_module_report`): every rank writes the top-level modules it
 loaded. Training with LearnSPN, factorized and DT clients, ``mpifc evaluate`` (gathered and
 ``--distributed``) and ``mpifc query --distributed`` (ll, predict, marginal) load no torch on any
-rank; no rank of a training job loads scikit-learn or pandas (LearnSPN's k-means and FC[DT]'s
+rank, and ``mpifc query`` in one process loads no torch, scikit-learn, pandas or SciPy; no rank of a training job loads scikit-learn or pandas (LearnSPN's k-means and FC[DT]'s
 trees are numpy), and LearnSPN's RDC splits need no SciPy either; warm-up fits run only with
 ``--warm-up`` (and then change nothing in the model). No timings are asserted here (see
 ``launch/bench/startup.py``).
@@ -135,6 +135,31 @@ def test_distributed_query_loads_no_torch(learnspn_model, shards, what):
     reports = _job(4, ["query", str(model), "--data", str(csv), "--what", what, "--out", str(tmp / f"{what}.csv"),
                        "--distributed", "--quiet", *extra], tmp / f"query-{what}")
     _no_torch(reports)
+
+
+ONE_PROCESS = """import sys
+from mpifc.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    assert not e.code, e.code
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "sklearn", "pandas", "scipy"})))
+"""
+
+
+@pytest.mark.parametrize("what", ["ll", "predict", "marginal"])
+def test_one_process_query_loads_no_torch_scikit_learn_pandas_or_scipy(learnspn_model, shards, what):
+    """``mpifc query`` without ``--distributed`` answers a LearnSPN model with numpy alone."""
+    model, _, tmp = learnspn_model
+    csv = tmp / f"one-{what}.csv"
+    names = _query_csv(model, shards, csv)
+    extra = ["--keep", ",".join(names[:2])] if what == "marginal" else []
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", ONE_PROCESS, "query", str(model), "--data", str(csv), "--what", what,
+                        "--out", str(tmp / f"one-{what}-answers.csv"), "--quiet", *extra],
+                       capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"mpifc query --what {what} imported {r.stdout.strip()}"
 
 
 @pytest.mark.parametrize("learner", ["factorized", "dt"])
