@@ -26,6 +26,7 @@ import json
 import math
 import time
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -113,23 +114,37 @@ def _csv_chunks(path: Path, chunk: int) -> Iterator[tuple[dict[str, Sequence[Any
             if dup:
                 raise UserError(f"{path}: line 1: column {dup[0]!r} appears twice")
             width = len(header)
-            first, buf, sent = 1, [], False
+            first, sent = 1, False
             try:
-                for row in reader:
-                    if not row:
-                        continue
-                    if len(row) != width:
-                        raise UserError(f"{path}: line {reader.line_num}: {len(row)} fields, the header has {width}")
-                    buf.append(row)
-                    if len(buf) == chunk:
-                        yield dict(zip(header, zip(*buf))), first
-                        first, buf, sent = first + len(buf), [], True
+                while True:
+                    rows = list(islice(reader, chunk))
+                    if not rows:
+                        break
+                    widths = set(map(len, rows))
+                    if 0 in widths:  # blank lines
+                        rows = [r for r in rows if r]
+                        widths.discard(0)
+                    if widths - {width}:
+                        _ragged(path, width)
+                    if rows:
+                        yield dict(zip(header, zip(*rows))), first
+                        first, sent = first + len(rows), True
             except csv.Error as e:
                 raise UserError(f"{path}: line {reader.line_num}: {e}") from None
-            if buf or not sent:
-                yield ({h: c for h, c in zip(header, zip(*buf))} if buf else {h: () for h in header}), first
+            if not sent:
+                yield {h: () for h in header}, first
     except UnicodeDecodeError:
         raise UserError(f"{path}: neither a CSV (UTF-8 text) nor an HDF5 file") from None
+
+
+def _ragged(path: Path, width: int) -> None:
+    """Raise the error of the first row of ``path`` whose number of fields is not ``width``."""
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f)
+        next(reader)
+        for row in reader:
+            if row and len(row) != width:
+                raise UserError(f"{path}: line {reader.line_num}: {len(row)} fields, the header has {width}")
 
 
 def _h5_chunks(path: Path, chunk: int) -> Iterator[tuple[dict[str, Sequence[Any]], int]]:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.circuit.graph import LeafNode, ProductNode, SumNode, leaves_of
+from mpifc.circuit.graph import LeafNode, ProductNode, SumNode
 from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, Gaussian, Histogram, Leaf
 from mpifc.errors import UserError
 from mpifc.federated.evaluate import _model_ll
@@ -63,6 +63,8 @@ per node is lowered."""
 
 CHUNK_ELEMS = 1 << 21
 """Rows are evaluated in chunks of about this many node values (16 MB in float64)."""
+
+_REGISTERED = frozenset(LEAF_TYPES.values())
 
 MIN_CHUNK_ROWS = 256
 MAX_CHUNK_ROWS = 2048
@@ -114,8 +116,12 @@ class _Coding:
         m = len(self.at) - 1
         missing = np.isnan(v)
         if self.edges is None:
-            ok = missing | ((v >= 0) & (v < m) & (v == np.floor(v)))
-            code = np.where(ok, np.where(missing, m, v), 0).astype(np.intp)
+            w = np.where(missing, m, v)
+            with np.errstate(invalid="ignore"):
+                code = w.astype(np.intp)
+            ok = (code == w) & (code >= 0) & (code <= m)  # integers of the domain, or missing
+            ok &= missing | (code < m)
+            code[~ok] = 0
         else:
             code = np.searchsorted(self.edges, v, side="right") - 1 - self.first
             ok = missing | ((code >= 0) & (code < m))
@@ -206,6 +212,7 @@ class _Program:
     roots: np.ndarray
     n_nodes: int
     trust: np.ndarray
+    coded: tuple[int, ...]
 
     def chunk_rows(self) -> int:
         return int(min(MAX_CHUNK_ROWS, max(MIN_CHUNK_ROWS, CHUNK_ELEMS // max(1, self.n_nodes))))
@@ -238,10 +245,17 @@ class FlatCircuit:
         nodes, roots, models = _unroll(fc, col_of, target, self.n_classes)
         self.codings = _codings(nodes, {col_of[f]: int(k) for f, k in fc.n_categories.items()
                                         if f in col_of and k and fc.meta_types.get(f) != "real"})
-        leaf_tables = _leaf_tables(nodes, self.codings)
-        self._log = _compile(nodes, roots, models, self.codings, leaf_tables, tabulate=False)
-        self._linear = _compile(nodes, roots, models, self.codings, leaf_tables, tabulate=True)
-        self.n_nodes = self._linear.n_nodes
+        self._parts = (nodes, roots, models, _leaf_tables(nodes, self.codings))
+        self._linear = _compile(*self._parts[:3], self.codings, self._parts[3], tabulate=True)
+        self._log_program: _Program | None = None
+
+    @property
+    def _log(self) -> _Program:
+        """The log-space program, compiled when a row first needs it."""
+        if self._log_program is None:
+            nodes, roots, models, leaf_tables = self._parts
+            self._log_program = _compile(nodes, roots, models, self.codings, leaf_tables, tabulate=False)
+        return self._log_program
 
     def root_values(self, x: np.ndarray) -> np.ndarray:
         """Root log-values ``(batch, n_classes)`` (``(batch, 1)`` without a target), nats."""
@@ -309,6 +323,9 @@ def _unroll(fc: FederatedCircuit, col_of: dict[str, int], target: str | None,
         if key in memo:
             return memo[key]
         if isinstance(g, LeafNode):
+            if type(g.dist) not in _REGISTERED:
+                raise UserError(f"{g.name}: leaf type {type(g.dist).__name__} is not registered in "
+                                f"mpifc.circuit.leaves.LEAF_TYPES")
             col = cols[g.var]
             if c is not None or col < 0:  # the target's leaf at class c, or a column never given
                 cls = type(g.dist)
@@ -368,15 +385,10 @@ def _unroll(fc: FederatedCircuit, col_of: dict[str, int], target: str | None,
 
 
 def _circuit_root(model: Any) -> Any:
-    """The graph of a client PC that is a circuit of registered leaf types, else None."""
+    """The graph of a client PC that is a circuit, else None."""
     from mpifc.circuit.spn import SPN
 
-    if not isinstance(model, SPN):
-        return None
-    root = model.root
-    if any(type(lf.dist) not in LEAF_TYPES.values() for lf in leaves_of(root)):
-        return None
-    return root
+    return model.root if isinstance(model, SPN) else None
 
 
 def _binned_leaf(n: Any) -> bool:
@@ -671,7 +683,8 @@ def _compile(nodes: list[Any], roots: list[int], models: list[_Model], codings: 
     with np.errstate(over="ignore"):
         trust = 2.0 ** 40 * TINY * np.exp(bound[roots]) * paths.sum(axis=1)
     return _Program(tables, groups, const_start, const_values, placed_models, model_stop, ops,
-                    pos[np.array(roots, dtype=np.int64)], nxt, trust[:, None])
+                    pos[np.array(roots, dtype=np.int64)], nxt, trust[:, None],
+                    tuple(sorted({c for t in tables for c in t.cols})))
 
 
 def _table(i: int, nodes: list[Any], scope: list[tuple[int, ...]], codings: dict[int, _Coding],
@@ -740,9 +753,8 @@ def _linear_pass(p: _Program, xt: np.ndarray, codes: dict[int, tuple[np.ndarray,
     """Root values ``(n_roots, b)`` by the linear program and, per row, whether they hold."""
     b = xt.shape[1]
     ok = np.ones(b, dtype=bool)
-    for t in p.tables:
-        for c in t.cols:
-            ok &= codes[c][1]
+    for c in p.coded:
+        ok &= codes[c][1]
     low = np.zeros(b, dtype=bool)
     _read_tables(p, codes, V, linear=True)
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
