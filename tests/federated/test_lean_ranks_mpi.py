@@ -126,15 +126,21 @@ def _query_csv(model: Path, shards: Path, path: Path) -> list[str]:
     return list(codec.features)
 
 
-@pytest.mark.parametrize("what", ["ll", "predict", "marginal"])
-def test_distributed_query_loads_no_torch(learnspn_model, shards, what):
+def _query(learnspn_model, shards, what: str, tag: str) -> tuple[Path, list[str]]:
+    """The work folder and the ``mpifc query`` arguments for eight test rows (``marginal``: of
+    the first two columns)."""
     model, _, tmp = learnspn_model
-    csv = tmp / f"rows-{what}.csv"
+    csv = tmp / f"{tag}-{what}.csv"
     names = _query_csv(model, shards, csv)
     extra = ["--keep", ",".join(names[:2])] if what == "marginal" else []
-    reports = _job(4, ["query", str(model), "--data", str(csv), "--what", what, "--out", str(tmp / f"{what}.csv"),
-                       "--distributed", "--quiet", *extra], tmp / f"query-{what}")
-    _no_torch(reports)
+    return tmp, ["query", str(model), "--data", str(csv), "--what", what, "--out", str(tmp / f"{tag}-{what}-answers.csv"),
+                 "--quiet", *extra]
+
+
+@pytest.mark.parametrize("what", ["ll", "predict", "marginal"])
+def test_distributed_query_loads_no_torch(learnspn_model, shards, what):
+    tmp, args = _query(learnspn_model, shards, what, "distributed")
+    _no_torch(_job(4, [*args, "--distributed"], tmp / f"query-{what}"))
 
 
 ONE_PROCESS = """import sys
@@ -150,14 +156,10 @@ print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "sklear
 @pytest.mark.parametrize("what", ["ll", "predict", "marginal"])
 def test_one_process_query_loads_no_torch_scikit_learn_pandas_or_scipy(learnspn_model, shards, what):
     """``mpifc query`` without ``--distributed`` answers a LearnSPN model with numpy alone."""
-    model, _, tmp = learnspn_model
-    csv = tmp / f"one-{what}.csv"
-    names = _query_csv(model, shards, csv)
-    extra = ["--keep", ",".join(names[:2])] if what == "marginal" else []
+    _, args = _query(learnspn_model, shards, what, "one")
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-c", ONE_PROCESS, "query", str(model), "--data", str(csv), "--what", what,
-                        "--out", str(tmp / f"one-{what}-answers.csv"), "--quiet", *extra],
-                       capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    r = subprocess.run([sys.executable, "-c", ONE_PROCESS, *args], capture_output=True, text=True, timeout=120,
+                       cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"mpifc query --what {what} imported {r.stdout.strip()}"
 
