@@ -55,6 +55,8 @@ def test_log_bound_is_at_least_every_log_value(kind: LeafKind, rng: np.random.Ge
     """``np_log_bound``: at least 0 and at least every value's log-density (on a fine grid, at the
     mode, far out and in the tails), per leaf of a stack; what the flat evaluator's floors use."""
     leaves = [kind.make(rng) for _ in range(4)] + ([_tailed(kind.name, 0.3)] if kind.name in _TAILED else [])
+    if kind.name == "gaussian":
+        leaves.append(Gaussian(0.2, 1e-4, min_var=1e-6))  # a density far above 1
     cls = type(leaves[0])
     P = cls.stack_numpy(leaves)
     bound = cls.np_log_bound(P)
