@@ -287,7 +287,6 @@ class _AnswerTable:
         self.fc, self.what, self.target = fc, what, target
         self.rows = self.answers = self.completed = self.labelled = self.correct = self.finite = 0
         self.ll_sum = 0.0
-        self._last_row = 0
         self._writer: Any = None
         if what in ("ll", "marginal"):
             self.header = ["row", "log_likelihood"]
