@@ -20,21 +20,25 @@ constant on each). A node whose scope holds coded columns only, of at most :data
 joint codes, is a table: its log-values at every joint code, computed once from its children's
 tables with the node's own operation, so the rows of a batch read it with one ``take``. A row
 holding a value without a code (outside a discrete column's domain, in a histogram's tail) is
-evaluated by the reference program below instead.
+evaluated by the log-space program below instead.
 
 **Two programs.** The *linear* program reads the largest tables and evaluates the rest in linear
 space: products multiply, sums add their weighted children (a sum's weight is folded into a
 product child of which it is the only parent), and no ``exp``/``log`` is spent on inner nodes.
-That is exact to rounding while nothing underflows, which the pass checks per row: every product
-must hold at least :data:`TINY` times an upper bound of its value (from
-:meth:`~mpifc.circuit.leaves.Leaf.np_log_bound` and the tables), which keeps each of its factors
-and partial products far above the subnormal range, and every root at least :data:`TINY`; a
-sum's underflowing terms then cost at most ``2**-1074`` each, nothing against a root above
-:data:`TINY`. A row that fails is evaluated by the *log-space* program: tables for single
-leaves only (a value without a code is passed to the leaf's type), and per node the reference's
-operations (products add log-values, sums take a max-shifted ``logsumexp``). Either way the
-answers equal :func:`mpifc.federated.evaluate.log_likelihood` and
-:func:`~mpifc.federated.evaluate.class_log_joint` up to floating-point rounding.
+Leaves on other columns run their type's maths, once per distinct value of the batch when values
+repeat. Linear space is exact to rounding where nothing underflows, which the pass checks per
+row. Every node has an upper bound of its value (from :meth:`~mpifc.circuit.leaves.Leaf.np_log_bound`
+and the tables). A product at or above :data:`TINY` times its bound has every factor and partial
+product above the subnormal range; one below that floor is below it in truth too, so its error
+is at most its floor; and a sum's underflowing terms cost at most ``2**-1074`` each. A row is
+trusted when every root is at least :data:`TINY` and no product fell below its floor, or when
+every root is at least its ``trust``: ``2**40`` times :data:`TINY` times its bound times its
+number of paths to the nodes below it, so that all those errors together are below ``2**-40`` of
+it. Any other row (and one holding a value without a code) is evaluated by the *log-space*
+program: tables for single leaves only (a value without a code is passed to the leaf's type),
+and per node the reference's operations (products add log-values, sums take a max-shifted
+``logsumexp``). Either way the answers equal :func:`mpifc.federated.evaluate.log_likelihood`
+and :func:`~mpifc.federated.evaluate.class_log_joint` up to floating-point rounding.
 """
 from __future__ import annotations
 
@@ -51,8 +55,8 @@ from mpifc.federated.evaluate import _model_ll
 from mpifc.federated.structure import AVERAGE, LEAF, PRODUCT, SUM, FederatedCircuit
 
 TINY = 2.0 ** -1000
-"""Floor of the linear program (see the module docstring): 2**74 times the smallest normal
-float64, so a sum's underflowing terms are negligible against it."""
+"""The least trusted value of the linear program, per unit of a node's bound (see the module
+docstring): 2**22 times the smallest normal float64."""
 
 TABLE_LIMIT = 1 << 17
 """Most joint codes of a node evaluated as a table (1 MB of float64 per node)."""
