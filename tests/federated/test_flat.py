@@ -144,3 +144,22 @@ def test_the_linear_program_takes_ordinary_rows_and_leaves_odd_ones_to_log_space
     codes = {c.col: c.codes(ot[c.col]) for c in f.codings.values()}
     _, ok = flat._linear_pass(f._linear, ot, codes, np.empty((f._linear.n_nodes, len(odd))))
     assert not ok[[0, 2, 3]].any() and ok[4]  # the all-missing row is ordinary: log 1
+
+
+def test_the_models_hold_every_kind_of_leaf_and_client_model(models):
+    """The equality tests above meet Gaussian, continuous histogram, categorical and Bernoulli
+    leaves, and client models that are not circuits (decision trees, factorized PCs)."""
+    from mpifc.federated import flat
+
+    seen = set()
+    for name in MODELS:
+        nodes, _, client_models, _ = FlatCircuit(models[name].fc)._parts
+        for n in nodes:
+            if isinstance(n, flat._Leaf):
+                kind = n.dist.type_name
+                if kind == "histogram":
+                    kind += "-discrete" if float(n.dist._p["discrete"]) else "-real"
+                seen.add(kind)
+        seen.update(type(m.model).__name__ for m in client_models)
+    want = {"gaussian", "histogram-real", "categorical", "bernoulli", "TreeClassifier", "FactorizedModel"}
+    assert want <= seen, sorted(want - seen)
