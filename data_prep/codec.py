@@ -16,6 +16,7 @@ the target as their labels (ints where every label of the column is a whole numb
 from __future__ import annotations
 
 import math
+from itertools import repeat
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -148,18 +149,18 @@ class RowCodec:
         if len(lengths) > 1:
             raise UserError(f"{source}: columns have different lengths {sorted(lengths)}")
         n = lengths.pop() if lengths else 0
-        raw = np.full((n, len(self.features)), np.nan)
+        raw = np.full((len(self.features), n), np.nan)  # column-major: every step below is per column
         for j, name in enumerate(self.features):
             if name in columns:
-                raw[:, j] = self._raw_column(name, columns[name], source, first_row)
-        changed = self.check_known(raw, source, first_row, clip)
+                raw[j] = self._raw_column(name, columns[name], source, first_row)
+        changed = self.check_known(raw.T, source, first_row, clip)  # a row-major view: clipped in place
         if self.preprocessor is not None and self.preprocessor.features:
             idx = [self.features.index(f) for f in self.preprocessor.features if f in self.features]
             cols = [self._pos[self.features[j]] for j in idx]
-            block = raw[:, idx]
+            block = raw[idx].T
             self.preprocessor.transform_inplace(block, columns=cols, impute=False)
-            raw[:, idx] = block
-        return raw, changed
+            raw[idx] = block.T
+        return raw.T, changed
 
     def check_known(self, raw: np.ndarray, source: str = "input", first_row: int = 1,
                     clip: bool = False) -> np.ndarray:
@@ -211,28 +212,67 @@ class RowCodec:
         return changed
 
     def _raw_column(self, name: str, values: Sequence[Any] | np.ndarray, source: str, first_row: int) -> np.ndarray:
+        """One column in raw model values (label codes, or numbers); NaN = missing.
+
+        Whole columns go through numpy (numbers) or one dictionary look-up per cell (labels);
+        a cell these cannot place is read by :meth:`_raw_cell`, which names it if it is bad."""
         labels = self.labels(name)
-        out = np.full(len(values), np.nan)
-        index = {lab: c for c, lab in enumerate(labels)} if labels is not None else None
-        for i, v in enumerate(values):
-            if _is_missing(v):
-                continue
-            if index is not None:
-                key = _label_text(v)
-                if key not in index:
-                    shown = ", ".join(labels[:8]) + (", ..." if len(labels) > 8 else "")
-                    raise UserError(f"{source}: row {first_row + i}, column {name!r}: category {key!r} was "
-                                    f"never seen in training (known: {shown})")
-                out[i] = index[key]
-            else:
+        if labels is None:
+            fast = _numbers(values)
+            if fast is not None:
+                return fast
+            return np.array([self._raw_cell(name, None, v, source, first_row + i) for i, v in enumerate(values)],
+                            dtype=np.float64)
+        lookup = self._label_lookup(name)
+        try:  # -1: a cell the table does not hold
+            codes = np.fromiter(map(lookup.get, values, repeat(-1.0)), dtype=np.float64, count=len(values))
+        except TypeError:  # an unhashable cell: every cell the careful way
+            codes = np.full(len(values), -1.0)
+        bad = np.flatnonzero(codes < 0)
+        if len(bad):
+            seen: dict[Any, float] = {}
+            for i in bad.tolist():
+                v = values[i]
                 try:
-                    x = float(v)
-                except (TypeError, ValueError):
-                    raise UserError(f"{source}: row {first_row + i}, column {name!r}: {v!r} is not a number") from None
-                if not math.isfinite(x):
-                    raise UserError(f"{source}: row {first_row + i}, column {name!r}: {v!r} is not a finite number")
-                out[i] = x
-        return out
+                    codes[i] = seen[v]
+                except (KeyError, TypeError):
+                    codes[i] = self._raw_cell(name, labels, v, source, first_row + i)
+                    try:
+                        seen[v] = codes[i]
+                    except TypeError:
+                        pass
+        return codes
+
+    def _label_lookup(self, name: str) -> dict[Any, float]:
+        """``cell text -> code`` of a label column, the missing tokens mapping to NaN."""
+        cache = self.__dict__.setdefault("_lookups", {})
+        if name not in cache:
+            table: dict[Any, float] = {lab: float(c) for c, lab in enumerate(self.labels(name) or [])}
+            table.update({tok: math.nan for tok in MISSING_TOKENS})
+            table[None] = math.nan
+            table[np.nan] = math.nan  # the NaN objects pandas puts in an empty cell
+            cache[name] = table
+        return cache[name]
+
+    def _raw_cell(self, name: str, labels: list[str] | None, v: Any, source: str, row: int) -> float:
+        """One cell: a label's code (``labels`` given) or a finite number; NaN if missing."""
+        if _is_missing(v):
+            return math.nan
+        if labels is not None:
+            key = _label_text(v)
+            try:
+                return float(labels.index(key))
+            except ValueError:
+                shown = ", ".join(labels[:8]) + (", ..." if len(labels) > 8 else "")
+                raise UserError(f"{source}: row {row}, column {name!r}: category {key!r} was "
+                                f"never seen in training (known: {shown})") from None
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise UserError(f"{source}: row {row}, column {name!r}: {v!r} is not a number") from None
+        if not math.isfinite(x):
+            raise UserError(f"{source}: row {row}, column {name!r}: {v!r} is not a finite number")
+        return x
 
     # ------------------------------------------------------------------ model -> user
     def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
@@ -272,6 +312,32 @@ def _show(levels: np.ndarray) -> str:
     """A column's levels for a message: all of them up to 8, else the first 3, ..., the last."""
     vals = [_num_text(v) for v in levels]
     return ", ".join(vals) if len(vals) <= 8 else ", ".join(vals[:3]) + f", ..., {vals[-1]} ({len(vals)} values)"
+
+
+def _numbers(values: Sequence[Any] | np.ndarray) -> np.ndarray | None:
+    """A numeric column as float64 in one numpy pass (numbers, number texts, missing tokens), or
+    None when some cell needs a closer look (a word, an infinity, a token with spaces)."""
+    a = values if isinstance(values, np.ndarray) else None
+    try:
+        if a is None:
+            a = np.asarray(values)
+        if a.dtype.kind == "O":
+            a = a.astype(str)
+        if a.dtype.kind == "U":
+            a = a.reshape(-1)
+            missing = np.zeros(a.shape, dtype=bool)
+            for tok in MISSING_TOKENS:
+                missing |= a == tok
+            if missing.any():
+                a = np.where(missing, "nan", a)
+            out = a.astype(np.float64)
+        elif a.dtype.kind in "biuf":
+            out = a.astype(np.float64).reshape(-1)
+        else:
+            return None
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return None if np.isinf(out).any() else out
 
 
 def _is_missing(v: Any) -> bool:

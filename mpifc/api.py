@@ -55,6 +55,7 @@ class FederatedModel:
         self.codec = codec
         if list(codec.features) != list(fc.features):
             codec.features = list(fc.features)  # model column order rules; the codec maps by name
+        self._programs: dict[str | None, Any] = {}
 
     # ------------------------------------------------------------------ description
     @property
@@ -77,17 +78,18 @@ class FederatedModel:
                 f"{len(self.features)} features, target {self.target!r})")
 
     # ------------------------------------------------------------------ conversions
-    def encode(self, X: Any, source: str = "input") -> np.ndarray:
+    def encode(self, X: Any, source: str = "input", first_row: int = 1) -> np.ndarray:
         """``X`` (DataFrame or dict of columns, user units) as model rows ``(n, D)``; an array
-        passes through after a shape check."""
-        rows, _ = self._rows(X, source)
+        passes through after a shape check. ``first_row``: the number of ``X``'s first row in
+        ``source`` (error messages name rows)."""
+        rows, _ = self._rows(X, source, first_row)
         return rows
 
     def decode(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Model rows ``(n, D)`` as ``{column: values}`` in user units and labels."""
         return self.codec.decode(rows)
 
-    def _rows(self, X: Any, source: str = "input") -> tuple[np.ndarray, bool]:
+    def _rows(self, X: Any, source: str = "input", first_row: int = 1) -> tuple[np.ndarray, bool]:
         """``(model rows (n, D), whether X was in user units)``."""
         if isinstance(X, np.ndarray) and X.dtype != object:
             arr = np.asarray(X, dtype=np.float64)
@@ -96,13 +98,13 @@ class FederatedModel:
                                 f"in model units, got {arr.shape}; pass a DataFrame for user units")
             return arr, False
         if _is_dataframe(X):
-            cols = {str(c): X[c].tolist() for c in X.columns}
+            cols = {str(c): X[c].to_numpy() for c in X.columns}
         elif isinstance(X, Mapping):
             cols = {str(k): list(np.asarray(v, dtype=object).reshape(-1)) for k, v in X.items()}
         else:
             raise UserError(f"{source}: expected a pandas DataFrame, a dict of columns or a numpy array, "
                             f"got {type(X).__name__}")
-        return self.codec.encode(cols, source=source, clip=self.clip), True
+        return self.codec.encode(cols, source=source, first_row=first_row, clip=self.clip), True
 
     def _out_rows(self, rows: np.ndarray, user: bool) -> np.ndarray:
         if not user:
@@ -114,38 +116,53 @@ class FederatedModel:
         return out
 
     # ------------------------------------------------------------------ queries
+    def root_values(self, rows: np.ndarray, target: str | None = None) -> np.ndarray:
+        """The root's log-values of model rows ``(n, D)``: ``(n, 1)`` ``log p(x)``, or with
+        ``target`` ``(n, k)`` ``log p(target = c, rest of x)`` (the target's cells ignored).
+
+        Evaluated by :class:`~mpifc.federated.flat.FlatCircuit` (the whole circuit as one flat
+        numpy program, compiled on the first query per target), which equals the reference
+        upward pass (:mod:`mpifc.federated.evaluate`) up to floating-point summation order.
+        Later changes to :attr:`fc` are not seen by a program already compiled.
+        """
+        program = self._programs.get(target)
+        if program is None:
+            from mpifc.federated.flat import FlatCircuit
+
+            program = self._programs[target] = FlatCircuit(self.fc, target)
+        return program.root_values(rows)
+
     def log_likelihood(self, X: Any) -> np.ndarray:
         """``log p(x)`` per row, float64 ``(n,)`` nats (model units: densities of standardised
         real columns); missing cells are marginalised."""
-        from mpifc.federated.evaluate import log_likelihood
-
         rows, _ = self._rows(X)
-        return np.asarray(log_likelihood(self.fc, rows), dtype=np.float64)
+        return self.root_values(rows)[:, 0]
 
     def marginal(self, X: Any, keep: Sequence[str]) -> np.ndarray:
         """``log p(x_keep)`` per row, float64 ``(n,)`` nats: every other column marginalised."""
         rows, _ = self._rows(X)
+        return self.root_values(self.keep_columns(rows, keep))[:, 0]
+
+    def keep_columns(self, rows: np.ndarray, keep: Sequence[str], flag: str = "keep") -> np.ndarray:
+        """``rows`` with every column but ``keep`` blanked (NaN: marginalised)."""
         keep = list(keep)
         unknown = [k for k in keep if k not in self.features]
         if unknown:
-            raise UserError(f"keep: unknown column {unknown[0]!r}; the model's columns are {', '.join(self.features)}")
+            raise UserError(f"{flag}: unknown column {unknown[0]!r}; the model's columns are {', '.join(self.features)}")
         masked = np.full_like(rows, np.nan)
         idx = [self.features.index(k) for k in keep]
         masked[:, idx] = rows[:, idx]
-        from mpifc.federated.evaluate import log_likelihood
+        return masked
 
-        return np.asarray(log_likelihood(self.fc, masked), dtype=np.float64)
+    def class_log_joint(self, rows: np.ndarray, target: str | None = None) -> np.ndarray:
+        """``log p(target = c, rest of the row)`` of model rows, ``(n, k)`` nats."""
+        return self.root_values(rows, self.resolve_target(target))
 
     def predict_proba(self, X: Any, target: str | None = None) -> np.ndarray:
         """``p(target = c | the rest of the row)`` ``(n, k)``; rows sum to 1, columns in the order
         of :attr:`classes` (of ``target``'s labels when another discrete column is named)."""
-        from mpifc.federated.evaluate import predict_log_proba
-
         rows, _ = self._rows(X)
-        t = self.resolve_target(target)
-        rows = rows.copy()
-        rows[:, self.features.index(t)] = np.nan
-        return np.exp(predict_log_proba(self.fc, rows, t))
+        return proba_from_joint(self.class_log_joint(rows, target))
 
     def predict(self, X: Any, target: str | None = None) -> np.ndarray:
         """The most probable label of ``target`` per row ``(n,)`` (labels, not codes)."""
@@ -199,6 +216,15 @@ class FederatedModel:
         if t not in self.features:
             raise UserError(f"target {t!r} is not a column of the model ({', '.join(self.features)})")
         return t
+
+
+def proba_from_joint(joint: np.ndarray) -> np.ndarray:
+    """Class log-joints ``(n, k)`` normalised per row into probabilities (a row whose classes
+    are all impossible gives NaN)."""
+    m = np.max(joint, axis=1, keepdims=True) if joint.size else np.zeros((len(joint), 1))
+    with np.errstate(invalid="ignore"):
+        e = np.exp(joint - np.where(np.isfinite(m), m, 0.0))
+        return e / e.sum(axis=1, keepdims=True)
 
 
 def _default_classes(fc: Any) -> list[str] | None:

@@ -104,6 +104,13 @@ def _write_all(f: Any, data: bytes | memoryview, path: str | os.PathLike) -> Non
     _written += len(data)
 
 
+def write_all(f: Any, data: bytes, path: str | os.PathLike) -> None:
+    """Write ``data`` to the binary file ``f`` opened on (a temp file of) the output ``path``,
+    as :func:`atomic_write_bytes` does: a file written in parts (a streamed answer) fails on a
+    full disk the same way, the :data:`DISK_FULL_ENV` testing hook included."""
+    _write_all(f, memoryview(data), path)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside ``path``; on normal exit it replaces ``path``, on error it is removed.

@@ -185,19 +185,21 @@ def sample_seeded(fc: FederatedCircuit, n: int, seed: int, batch: int = 10_000) 
     return out
 
 
-def sample_conditional_seeded(fc: FederatedCircuit, cols: Columns, seed: int, batch: int = 10_000) -> np.ndarray:
+def sample_conditional_seeded(fc: FederatedCircuit, cols: Columns, seed: int, batch: int = 10_000,
+                              first_batch: int = 0) -> np.ndarray:
     """Single-process samples ``(n, n_features)`` from the conditional given each row's evidence
     (NaN = free; observed entries are kept), with per-node streams: an upward pass, then the
     choices of :func:`conditional_route` and each leaf's :func:`leaf_sample_given`. Equals the
     distributed conditional sampler (:mod:`mpifc.fedpc.user_query`) for the same ``seed`` and
-    ``batch``, whatever ψ."""
+    ``batch``, whatever ψ. ``first_batch``: the number of the first pass, for rows that continue
+    a longer list from a multiple of ``batch`` on (a query answered in chunks)."""
     from mpifc.federated.evaluate import upward
 
     n = batch_size(cols)
     col = {f: j for j, f in enumerate(fc.features)}
     out = np.full((n, len(fc.features)), np.nan)
     nodes = fc.reachable()
-    for b, lo in enumerate(range(0, n, max(batch, 1))):
+    for b, lo in enumerate(range(0, n, max(batch, 1)), start=first_batch):
         hi = min(lo + batch, n)
         part_cols = {f: np.asarray(v)[lo:hi] for f, v in cols.items()}
         values = upward(fc, part_cols)

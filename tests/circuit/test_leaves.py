@@ -51,6 +51,22 @@ def test_mode_is_most_probable(kind: LeafKind, rng: np.random.Generator) -> None
 
 
 @pytest.mark.parametrize("kind", LEAF_KINDS, ids=ids(LEAF_KINDS))
+def test_log_bound_is_at_least_every_log_value(kind: LeafKind, rng: np.random.Generator) -> None:
+    """``np_log_bound``: at least 0 and at least every value's log-density (on a fine grid, at the
+    mode, far out and in the tails), per leaf of a stack; what the flat evaluator's floors use."""
+    leaves = [kind.make(rng) for _ in range(4)] + ([_tailed(kind.name, 0.3)] if kind.name in _TAILED else [])
+    if kind.name == "gaussian":
+        leaves.append(Gaussian(0.2, 1e-4, min_var=1e-6))  # a density far above 1
+    cls = type(leaves[0])
+    P = cls.stack_numpy(leaves)
+    bound = cls.np_log_bound(P)
+    pts = np.array(kind.domain) if kind.domain is not None else grid(kind, 4000)[0]
+    pts = np.concatenate([pts, [lf.mode() for lf in leaves], [-1e6, -3.0, 3.0, 1e6, np.nan]])
+    lp = cls.np_log_prob(P, np.repeat(pts[:, None], len(leaves), axis=1))
+    assert np.all(bound >= 0) and np.all(lp <= bound[None, :] + 1e-12)
+
+
+@pytest.mark.parametrize("kind", LEAF_KINDS, ids=ids(LEAF_KINDS))
 def test_sample_frequencies_match(kind: LeafKind) -> None:
     rng = np.random.default_rng(7)
     leaf = kind.make(rng)
@@ -212,6 +228,9 @@ def test_out_of_support_is_impossible_not_nan(kind: LeafKind, rng: np.random.Gen
     leaf = kind.make(rng)
     lp = leaf.log_prob(np.array([-1.0, 0.5, 99.0]))
     assert torch.all(lp == LOG_ZERO)
+
+
+_TAILED = ("histogram", "piecewise_linear")
 
 
 def _tailed(kind: str, tail: float) -> Any:

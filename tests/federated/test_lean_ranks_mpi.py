@@ -4,7 +4,7 @@ Real ``mpiexec`` jobs on breast cancer (3 horizontal clients) with ``MPIFC_MODUL
 (:func:`mpifc.runtime.job.write_module_report`): every rank writes the top-level modules it
 loaded. Training with LearnSPN, factorized and DT clients, ``mpifc evaluate`` (gathered and
 ``--distributed``) and ``mpifc query --distributed`` (ll, predict, marginal) load no torch on any
-rank; no rank of a training job loads scikit-learn or pandas (LearnSPN's k-means and FC[DT]'s
+rank, and ``mpifc query`` in one process loads no torch, scikit-learn, pandas or SciPy; no rank of a training job loads scikit-learn or pandas (LearnSPN's k-means and FC[DT]'s
 trees are numpy), and LearnSPN's RDC splits need no SciPy either; warm-up fits run only with
 ``--warm-up`` (and then change nothing in the model). No timings are asserted here (see
 ``launch/bench/startup.py``).
@@ -126,15 +126,46 @@ def _query_csv(model: Path, shards: Path, path: Path) -> list[str]:
     return list(codec.features)
 
 
-@pytest.mark.parametrize("what", ["ll", "predict", "marginal"])
-def test_distributed_query_loads_no_torch(learnspn_model, shards, what):
+def _query(learnspn_model, shards, what: str, tag: str) -> tuple[Path, list[str]]:
+    """The work folder and the ``mpifc query`` arguments for eight test rows (``marginal``: of
+    the first two columns)."""
     model, _, tmp = learnspn_model
-    csv = tmp / f"rows-{what}.csv"
+    csv = tmp / f"{tag}-{what}.csv"
     names = _query_csv(model, shards, csv)
     extra = ["--keep", ",".join(names[:2])] if what == "marginal" else []
-    reports = _job(4, ["query", str(model), "--data", str(csv), "--what", what, "--out", str(tmp / f"{what}.csv"),
-                       "--distributed", "--quiet", *extra], tmp / f"query-{what}")
-    _no_torch(reports)
+    return tmp, ["query", str(model), "--data", str(csv), "--what", what, "--out", str(tmp / f"{tag}-{what}-answers.csv"),
+                 "--quiet", *extra]
+
+
+@pytest.mark.parametrize("what", ["ll", "predict", "marginal"])
+def test_distributed_query_loads_no_torch(learnspn_model, shards, what):
+    tmp, args = _query(learnspn_model, shards, what, "distributed")
+    _no_torch(_job(4, [*args, "--distributed"], tmp / f"query-{what}"))
+
+
+ONE_PROCESS = """import json, sys
+from mpifc.cli import main
+for args in json.loads(sys.argv[1]):
+    try:
+        main(args)
+    except SystemExit as e:
+        assert not e.code, (args, e.code)
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "sklearn", "pandas", "scipy"})))
+"""
+
+
+def test_one_process_query_loads_no_torch_scikit_learn_pandas_or_scipy(learnspn_model, shards):
+    """``mpifc query`` without ``--distributed`` answers a LearnSPN model with numpy alone
+    (``ll``, ``predict`` and ``marginal`` in one process)."""
+    queries = [_query(learnspn_model, shards, what, "one")[1] for what in ("ll", "predict", "marginal")]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", ONE_PROCESS, json.dumps(queries)], capture_output=True, text=True,
+                       timeout=120, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"mpifc query imported {r.stdout.strip()}"
+    for args in queries:
+        out = args[args.index("--out") + 1]
+        assert len(open(out).read().splitlines()) == 9  # a header and the eight rows' answers
 
 
 @pytest.mark.parametrize("learner", ["factorized", "dt"])

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.user.conftest import CITIES, COLUMNS, QUESTIONS, cli, make_table, write_csv
+from tests.user.conftest import CITIES, COLUMNS, QUERY_ARGS, QUESTIONS, cli, make_table, write_csv
 
 def read(path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
@@ -31,6 +31,25 @@ def test_one_process_and_distributed_answers_agree(answers, what):
     # the ledger counts the distributed pass: the querier's evidence went out, answers came back
     kinds = {row["kind"] for row in read(answers[what]["ledger"])}
     assert "fc.query.evidence" in kinds and ("fc.query.values" in kinds or "fc.query.answer" in kinds)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("what", QUESTIONS)
+def test_answers_do_not_depend_on_how_the_rows_are_chunked(newcomer, tmp_path, monkeypatch, capsys, what):
+    """A query read, answered and written 7 rows at a time (``sample``: whole passes of
+    ``--batch 6``) writes the same file as one chunk; the summary gives the time and rows/s."""
+    import mpifc.cli.query as query
+    from mpifc.cli import main
+
+    files = []
+    for chunk in (query.CHUNK_ROWS, 7):
+        monkeypatch.setattr(query, "CHUNK_ROWS", chunk)
+        out = tmp_path / f"chunk-{chunk}.csv"
+        assert main(["query", str(newcomer["model"]), "--data", str(newcomer["queries"]), "--what", what,
+                     "--out", str(out), "--batch", "6", *QUERY_ARGS.get(what, [])]) == 0
+        files.append(out.read_text())
+    assert files[0] == files[1] and len(files[0].splitlines()) == 1 + (120 if what == "sample" else 40)
+    assert " rows/s" in capsys.readouterr().out
 
 
 @pytest.mark.mpi

@@ -182,6 +182,14 @@ class Leaf:
         raise NotImplementedError
 
     @classmethod
+    def np_log_bound(cls, P: Params) -> np.ndarray:
+        """An upper bound of :meth:`np_log_prob` over every value, at least 0 (a missing value
+        gives 0), per leaf ``(n,)`` nats, on :meth:`stack_numpy` parameters; ``inf`` when the
+        type knows none."""
+        n = next(iter(P.values())).shape[0]
+        return np.full(n, np.inf)
+
+    @classmethod
     def batch_sample(cls, P: Params, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 

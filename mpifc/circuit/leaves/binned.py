@@ -41,6 +41,15 @@ def _np_tail_log_density(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: np
         return np.log(tail / 2)[None, :] - np.log(scale) - dist / scale
 
 
+def _np_body_and_tail_bound(top: np.ndarray, tail: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The largest log-density of a body whose highest density is ``top`` (scaled by ``1 - tail``)
+    and of its tails (highest at the edges), at least 0, per leaf."""
+    with np.errstate(divide="ignore"):
+        body = np.log(top) + np.log1p(-tail)
+        edge = np.log(tail / 2) - np.log(hi - lo)
+    return np.maximum(np.maximum(body, edge), 0.0)
+
+
 def _sample_tails(out: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: np.ndarray,
                   rng: np.random.Generator) -> np.ndarray:
     """Replace each draw by a tail draw with probability ``tail`` (side and distance as in
@@ -165,6 +174,12 @@ class Histogram(Leaf):
         outside = ((xc < lo[None, :]) | (xc >= hi[None, :])) & (P["discrete"] == 0)[None, :]
         lt = np.where(outside, _np_tail_log_density(xc, lo, hi, tail), LOG_ZERO)
         return _np_finish(np.where(ok, lp, lt), x)
+
+    @classmethod
+    def np_log_bound(cls, P: Params) -> np.ndarray:
+        n = P["breaks"].shape[0]
+        lo, hi = P["breaks"][:, 0], P["breaks"][np.arange(n), P["len_breaks"] - 1]
+        return _np_body_and_tail_bound(P["densities"].max(axis=1), P["tail"], lo, hi)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
@@ -386,6 +401,12 @@ class PiecewiseLinear(Leaf):
         out = dict(P)
         out["ys"] = _mix(P["ys"], ys, ok, step_size)
         return out
+
+    @classmethod
+    def np_log_bound(cls, P: Params) -> np.ndarray:
+        n = P["xs"].shape[0]
+        lo, hi = P["xs"][:, 0], P["xs"][np.arange(n), P["len_xs"] - 1]
+        return _np_body_and_tail_bound(P["ys"].max(axis=1), P["tail"], lo, hi)
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:

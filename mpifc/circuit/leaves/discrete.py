@@ -52,6 +52,10 @@ class Bernoulli(Leaf):
         return np.where(np.isnan(x), 0.0, lp)
 
     @classmethod
+    def np_log_bound(cls, P: Params) -> np.ndarray:
+        return np.zeros(P["p"].shape[0])  # a probability
+
+    @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
         return (P["p"] > 0.5).to(P["p"].dtype)
 
@@ -126,6 +130,10 @@ class Categorical(Leaf):
         idx = np.where(ok, x, 0.0).astype(np.int64)
         lp = logp[np.arange(logp.shape[0])[None, :], idx]
         return _np_finish(np.where(ok, lp, LOG_ZERO), x)
+
+    @classmethod
+    def np_log_bound(cls, P: Params) -> np.ndarray:
+        return np.zeros(P["probs"].shape[0])  # a probability
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:

@@ -64,6 +64,10 @@ class Gaussian(Leaf):
         return _np_finish(lp, x)
 
     @classmethod
+    def np_log_bound(cls, P: Params) -> np.ndarray:
+        return np.maximum(-0.5 * (_LOG_2PI + np.log(P["var"])), 0.0)
+
+    @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
         return P["mean"].clone()
 
@@ -206,6 +210,10 @@ class DiscretizedGaussian(Leaf):
             b = np.where(xc >= L - 1, np.inf, ((xc + 1) * w - P["mean"]) / s)
             lp = _np_log_interval_mass(a, b)
         return _np_finish(np.where(ok, lp, LOG_ZERO), x)
+
+    @classmethod
+    def np_log_bound(cls, P: Params) -> np.ndarray:
+        return np.zeros(P["mean"].shape[0])  # a probability mass
 
     @classmethod
     def batch_mode(cls, P: Params) -> torch.Tensor:
