@@ -129,6 +129,11 @@ def fit_tree_learner(x: np.ndarray, meta_types: Sequence[str], seed: int, n_cate
 
     if target_index is None:
         raise UserError("learner 'dt' needs the target among the client's features (FC[DT])")
+    from mpifc.circuit.privacy import MIN_LEAF_ROWS
+
+    if int(min_samples_leaf) < MIN_LEAF_ROWS:
+        raise UserError(f"learner 'dt': min_samples_leaf={min_samples_leaf}: a tree leaf needs at least "
+                        f"{MIN_LEAF_ROWS} rows (the k-rows rule)")
     k = int((n_categories or [0] * x.shape[1])[target_index] or 0)
     k = max(k, int(np.nanmax(x[:, target_index])) + 1 if len(x) else 2)
     return TreeClassifier.fit(x, target_index, k, seed, max_depth=max_depth, min_samples_leaf=min_samples_leaf)

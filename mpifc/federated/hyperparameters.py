@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from mpifc.circuit.privacy import MIN_LEAF_ROWS
 from mpifc.errors import UserError
 
 
@@ -90,7 +91,8 @@ EINET: dict[str, Param] = {
     "max_var": _float(0.0, low_open=True, nullable=True),
 }
 FACTORIZED: dict[str, Param] = {"alpha": _float(0.0, low_open=True)}
-DT: dict[str, Param] = {"max_depth": _int(1, nullable=True), "min_samples_leaf": _int(1)}
+DT: dict[str, Param] = {"max_depth": _int(1, nullable=True),
+                        "min_samples_leaf": _int(MIN_LEAF_ROWS, help="no tree leaf of fewer rows (the k-rows rule)")}
 
 LEARNER_PARAMS: dict[str, dict[str, Param]] = {
     "learnspn": LEARNSPN, "ratspn": RATSPN, "einet": EINET, "factorized": FACTORIZED, "dt": DT,

@@ -55,6 +55,7 @@ import numpy as np
 # ~10 ms of import time to the server's first plan (a timed phase of mpifc.fedpc.train).
 import numpy.random  # noqa: F401
 
+from mpifc.circuit.privacy import MIN_LEAF_ROWS
 from mpifc.errors import UserError
 from mpifc.federated.structure import (
     AVERAGE,
@@ -521,14 +522,12 @@ def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray
     ``MIN_LEAF_ROWS`` rows of (cluster id = class code). A single-owner subspace without the
     target also needs one for every other class: its PC over all the client's rows stands in (its
     row count then says so: it is not the class's)."""
-    from mpifc.circuit.splitting import MIN_LEAF_ROWS
-
     codes = np.rint(y).astype(np.int64)
     out = []
     whole = None
     for k in range(int(t.n_clusters)):
         rows = xs[codes == k]
-        # a class of one row is no PC of its own: one fitted on that row would be the row
+        # a class of fewer than k rows is no PC of its own: its leaves would be those rows' values
         if len(rows) < MIN_LEAF_ROWS:
             if plan.subspaces[t.subspace].shared or plan.target in t.features:
                 continue  # the subspace's other owners hold the class, or it is left out
@@ -590,6 +589,9 @@ class OnePassBuilder:
         for d in sorted(decls, key=lambda d: d.index):
             if d.n_rows <= 0:
                 raise UserError(f"client {d.index} has zero training rows")
+            if d.n_rows < MIN_LEAF_ROWS:
+                raise UserError(f"client {d.index} has {d.n_rows} training rows; a client needs at least "
+                                f"{MIN_LEAF_ROWS}, since no PC is fitted on fewer rows (the k-rows rule)")
             if len(set(d.features)) != len(d.features):
                 raise UserError(f"client {d.index} declares a feature twice: {list(d.features)}")
             for f, m, k in zip(d.features, d.meta_types, d.n_categories):
