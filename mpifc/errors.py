@@ -1,4 +1,5 @@
-"""Errors that the CLI reports as one clear line with exit code 2."""
+"""Errors that the CLI reports as one clear line: exit code 2 for bad input, 3 for a privacy
+finding."""
 
 
 class UserError(Exception):
@@ -9,3 +10,13 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+class PrivacyFinding(Exception):
+    """The privacy audit found what must not leave a client (a raw row or column, a value fewer
+    than k rows hold) in a message the client was about to send. The message is not sent; the
+    job ends with one line and exit code 3, and writes no model (``--audit-findings record``
+    lets it go on, and says so in the model)."""
+
+    exit_code = 3
+    brief = True

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 
-def run_checked(cmd: list[str], timeout: float, env: dict[str, str], cwd: str | Path) -> tuple[str, float]:
-    """(stdout, wall seconds) of ``cmd``; SystemExit with its stderr's tail if it fails."""
+def run_group(cmd: list[str], timeout: float, env: dict[str, str], cwd: str | Path
+              ) -> tuple[subprocess.CompletedProcess, float]:
+    """(the completed process, wall seconds) of ``cmd``, whatever its exit code."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
                             start_new_session=True)
@@ -28,7 +29,12 @@ def run_checked(cmd: list[str], timeout: float, env: dict[str, str], cwd: str | 
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 continue
         raise
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{err.strip()[-2000:]}")
-    return out, wall
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.perf_counter() - t0
+
+
+def run_checked(cmd: list[str], timeout: float, env: dict[str, str], cwd: str | Path) -> tuple[str, float]:
+    """(stdout, wall seconds) of ``cmd``; SystemExit with its stderr's tail if it fails."""
+    r, wall = run_group(cmd, timeout, env, cwd)
+    if r.returncode != 0:
+        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr.strip()[-2000:]}")
+    return r.stdout, wall

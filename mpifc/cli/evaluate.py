@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import add_liveness_argument, add_output_arguments
+from mpifc.cli.common import add_audit_arguments, add_liveness_argument, add_output_arguments
 from mpifc.cli.train import FAMILIES
 
 
@@ -27,7 +27,7 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
-    p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
+    add_audit_arguments(p)
     add_output_arguments(p, "the metrics (rank 0)")
     p.add_argument("--query", default="ll", choices=("ll", "mpe", "sample"),
                    help="ll: log-likelihood/conditionals (default); mpe: most probable completion of the "
@@ -58,7 +58,8 @@ def evaluate_config(args: argparse.Namespace) -> dict[str, Any]:
     """The FedPC evaluation settings of parsed flags."""
     return {"dir": str(args.dir), "model": str(args.model), "distributed": bool(args.distributed),
             "evidence": args.evidence, "batch": args.batch, "output_npz": args.output_npz,
-            "audit": args.audit, "query_rows": args.query_rows, "query": args.query,
+            "audit": args.audit, "audit_findings": args.audit_findings, "query_rows": args.query_rows,
+            "query": args.query,
             "n_samples": args.n_samples, "seed": args.sample_seed, "out": args.out}
 
 

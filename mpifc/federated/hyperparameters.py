@@ -103,6 +103,9 @@ PLAN_PARAMS: dict[str, Param] = {
     "cluster_without_target": Param("bool", help="the label owner clusters its rows without the target"),
     "target_first": Param("bool", help="a LearnSPN PC holding the target splits its rows by it first "
                                        "(default: chosen on held-out rows)"),
+    "dp_epsilon": _float(0.0, low_open=True, help="epsilon-DP statistics of every client (--dp-epsilon)"),
+    "dp_clip": _float(0.0, low_open=True, help="real values clipped to [-B, B] under --dp-epsilon"),
+    "dp_seed": _int(0, help="seed of the DP noise (reproducible, not private against whoever knows it)"),
 }
 """Hyperparameters of the plan itself (Algorithm 1), not of a learner."""
 
