@@ -23,8 +23,8 @@ Two rules, both fitted on training rows only and both invertible for queries:
 
 Both keep to the k-rows rule (:data:`MIN_ROWS`): what they store, and so what a model's codec
 carries, holds no value that fewer than ``k`` training rows hold: rarer values are no level,
-and the knots of a normal score lie between values (on the line through their quantiles) except
-at values ``k`` rows or more hold. :func:`safe_median` does the same for imputation.
+and every knot of a normal score is the mean of ``k`` consecutive values.
+:func:`safe_median` does the same for imputation.
 """
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ MIN_ROWS = 5
 """``k`` of the k-rows rule: a value fewer training rows hold is never stored (no level, knot or
 imputed value is one); the same ``k`` as ``mpifc.circuit.privacy.MIN_LEAF_ROWS``."""
 
+OFF_GRID = 2.0 ** -40
+"""Relative step that moves a mean of values off their decimal grid (as
+``mpifc.circuit.privacy.OFF_GRID`` does for a client's Gaussian moments)."""
+
 GOLDEN_SHARE = (3.0 - math.sqrt(5.0)) / 2.0
 """Where in the gap between two neighbouring values a stored point goes (~0.382 of the way up):
 an irrational share, so that on a column of integer-like values it is no value of the lattice."""
@@ -50,8 +54,8 @@ SCALES = ("auto", "standardize", "normal-score")
 """``--scale`` choices for real columns; ``auto`` picks one of the other two per column."""
 
 N_KNOTS = 256
-"""At most this many quantile knots per normal-score column (plus every value holding at least
-``1 / N_KNOTS`` of the rows), so a manifest stays small on large tables."""
+"""At most this many quantile knots per normal-score column (and at most one per ``k`` rows), so a
+manifest stays small on large tables."""
 
 VALIDATION_FRACTION = 0.2
 """Share of the training rows held out to choose a column's scale."""
@@ -125,13 +129,13 @@ def from_levels(codes: np.ndarray, levels: np.ndarray) -> np.ndarray:
 class NormalScore:
     """The normal-score transform of one column, ``z = T(x)``, strictly increasing on the reals.
 
-    Knots ``(x_k, z_k)``: points of the line through the training values and the standard
-    normal quantiles of their mid-ranks ``(rows below + half the rows equal) / n`` (a value that
-    repeats maps to the middle of its block). A value that at least ``k`` rows hold
-    (:data:`MIN_ROWS`) is a knot itself; a rarer one lends its place to a point in the gap
-    beside it (:data:`GOLDEN_SHARE` of the way to the next value up; above the largest: down
-    from it), so no knot is a value fewer than ``k`` rows hold. Between knots ``T`` is linear;
-    beyond the first and last knot it grows with the logarithm of the distance,
+    Knots ``(x_k, z_k)``: the mean of ``k`` consecutive training values (:data:`MIN_ROWS`; a
+    statistic of ``k`` rows, like every parameter a client sends) and the standard normal
+    quantile of their middle rank, for at most ``n_knots`` such windows, evenly spaced over the
+    sorted values and disjoint (windows inside one block of equal values make one knot at their
+    mean rank), moved off the values' decimal grid by a relative :data:`OFF_GRID`, so no
+    knot is a value and no row's score is a knot's. Between knots ``T`` is linear; beyond the
+    first and last knot it grows with the logarithm of the distance,
     ``z = z_K + log(1 + (x - x_K) / s)``, with ``s`` set so the slope is continuous, so far-out
     values stay within a few units. :meth:`inverse` undoes it exactly up to floating-point
     rounding.
@@ -155,35 +159,25 @@ class NormalScore:
 
     @classmethod
     def fit(cls, values: np.ndarray, n_knots: int = N_KNOTS, k: int = MIN_ROWS) -> "NormalScore | None":
-        """Fit on ``values`` (NaN ignored); None if fewer than two distinct values."""
+        """Fit on ``values`` (NaN ignored); None if there are fewer than two knots to make (fewer
+        than ``2 k`` values, or a column that is one value but for a few rows)."""
         from scipy.special import ndtri
 
-        seen = np.asarray(values, dtype=np.float64)
+        seen = np.sort(np.asarray(values, dtype=np.float64))
         seen = seen[~np.isnan(seen)]
-        uniq, counts = np.unique(seen, return_counts=True)
-        if uniq.size < 2:
+        n = seen.size
+        m = min(int(n_knots), n // k)
+        if m < 2:
             return None
-        n = float(counts.sum())
-        below = np.concatenate([[0.0], np.cumsum(counts)[:-1]])
-        u = (below + 0.5 * counts) / n
-        keep = np.arange(uniq.size)
-        if uniq.size > n_knots:
-            # knots at evenly spaced mid-ranks, the extremes, and every heavy tie block exactly
-            targets = np.linspace(u[0], u[-1], n_knots)
-            near = np.clip(np.searchsorted(u, targets), 0, uniq.size - 1)
-            heavy = np.flatnonzero(counts >= n / n_knots)
-            keep = np.unique(np.concatenate([near, heavy, [0, uniq.size - 1]]))
-        zs = ndtri(u)
-        # a rare value's knot moves into the gap above it (the largest value's: below it),
-        # along the line through the neighbouring (value, quantile) points
-        rare = counts[keep] < k
-        other = np.where(keep < uniq.size - 1, keep + 1, keep - 1)
-        x = np.where(rare, uniq[keep] + GOLDEN_SHARE * (uniq[other] - uniq[keep]), uniq[keep])
-        z = np.where(rare, zs[keep] + GOLDEN_SHARE * (zs[other] - zs[keep]), zs[keep])
-        order = np.argsort(x, kind="stable")
-        x, z = x[order], z[order]
-        ok = np.concatenate([[True], (np.diff(x) > 0) & (np.diff(z) > 0)])
-        x, z = x[ok], z[ok]
+        # m windows of k sorted values, evenly spaced and disjoint (n / m >= k rows apart)
+        start = np.floor(np.arange(m) * ((n - k) / (m - 1))).astype(np.int64)
+        x = seen[start[:, None] + np.arange(k)[None, :]].mean(axis=1)
+        # windows inside one block of equal values share one knot, at their mean rank
+        x, inverse = np.unique(x, return_inverse=True)
+        z = ndtri(np.bincount(inverse, weights=(start + 0.5 * k) / n) / np.bincount(inverse))
+        # off the grid of values with a few decimals (the mean of five such values is often one
+        # of them, or a sixth), by a relative 2^-40
+        x = x * (1.0 + OFF_GRID)
         if x.size < 2:
             return None
         slope_lo = (z[1] - z[0]) / (x[1] - x[0])

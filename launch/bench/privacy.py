@@ -120,7 +120,8 @@ def cell(dataset: str, setting: str, learner: str, seed: int, a: argparse.Namesp
     r, wall, model, aud = train(shards, learner, seed, out, True, a.timeout)
     row: dict[str, Any] = {"dataset": dataset, "setting": setting, "learner": learner, "seed": seed}
     if r.returncode != 0:
-        line = (r.stderr.strip().splitlines() or ["?"])[-1]
+        lines = r.stderr.strip().splitlines() or ["?"]
+        line = next((ln for ln in reversed(lines) if ln.startswith("mpifc:")), lines[-1])
         row["skipped"] = line[-160:]
         return row
     client_kinds: dict[str, dict[str, int]] = {}

@@ -126,7 +126,8 @@ def accounting(epsilon: float, clip: float, sensitivities: dict[int, float], see
         "clip": float(clip),
         "released": "per PC: row count; per real column: sum and sum of squares of clipped values; per discrete "
                     "column: level counts",
-        "per_client": {str(c): {"sensitivity_l1": s, "scale": s / float(epsilon)} for c, s in sorted(sensitivities.items())},
+        "per_client": {str(c): {"sensitivity_l1": s, "scale": s / float(epsilon)}
+                       for c, s in sorted(sensitivities.items())},
         "public": "schema and declared training row counts",
         "noise": "seeded by --dp-seed (reproducible; no privacy against whoever knows the seed)" if seeded
         else "each client's own entropy",

@@ -540,7 +540,8 @@ def _noisy_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, featur
     hp = plan.hyperparameters
     clip = float(hp.get("dp_clip") or DEFAULT_CLIP)
     tasks = plan.tasks_for(client)
-    scale = client_sensitivity([[plan.meta_types[f] for f in t.features] for t in tasks], clip) / float(hp["dp_epsilon"])
+    delta = client_sensitivity([[plan.meta_types[f] for f in t.features] for t in tasks], clip)
+    scale = delta / float(hp["dp_epsilon"])
     rng = noise_generator(hp, client)
     col = {f: j for j, f in enumerate(features)}
     leaves: list[LeafReport] = []

@@ -49,25 +49,27 @@ def test_a_far_out_value_stays_a_few_units_out():
 def test_a_repeated_value_maps_to_the_middle_of_its_block():
     from scipy.special import ndtri
 
-    x = np.array([0.0] * 6 + [1.0, 2.0, 3.0, 4.0])  # 0 holds rows 0..5 of 10: mid-rank 3 / 10
+    x = np.array([0.0] * 60 + list(np.arange(1.0, 41.0)))  # 0 holds rows 0..59 of 100: mid-rank 30 / 100
     ns = NormalScore.fit(x)
-    assert ns.forward(np.array([0.0]))[0] == pytest.approx(ndtri(0.3), abs=1e-15)
-    # 4 is one row's value, so no knot: it lands just below its quantile, past the last knot
-    assert 0 < ndtri(0.95) - ns.forward(np.array([4.0]))[0] < 0.05 and ns.x[-1] < 4.0
-    assert ns.forward(np.array([3.0]))[0] == pytest.approx(ndtri(0.85), abs=0.1)  # between two knots
+    assert ns.forward(np.array([0.0]))[0] == pytest.approx(ndtri(0.3), abs=1e-12)
+    # knots are means of 5 consecutive values: 20 lies between two, near its quantile; the
+    # largest value, one row's, is no knot (it lands in the upper tail)
+    assert ns.forward(np.array([20.0]))[0] == pytest.approx(ndtri(0.795), abs=0.01)
+    assert ns.x[-1] < 40.0 < ns.inverse(np.array([3.0]))[0]
 
 
 def test_no_knot_level_or_imputed_value_is_a_value_fewer_than_k_rows_hold():
-    # integer-valued: a knot halfway between two values could be a third row's value
+    # integer-valued: the mean of five consecutive values is often one of them, or another's
     rng = np.random.default_rng(4)
-    x = np.concatenate([rng.integers(0, 400, 300), np.zeros(40), np.full(7, 500.0)]).astype(float)
-    values, counts = np.unique(x, return_counts=True)
-    rare = values[counts < MIN_ROWS]
+    x = np.concatenate([rng.integers(1, 400, 300), np.full(40, 0.5), np.full(7, 500.0)]).astype(float)
+    lattice = np.arange(-100.0, 600.0, 0.5)
     for n_knots in (256, 32):
         ns = NormalScore.fit(x, n_knots=n_knots)
-        assert not np.isin(ns.x, rare).any() and np.all(np.diff(ns.x) > 0) and np.all(np.diff(ns.z) > 0)
-        assert 0.0 in ns.x and 500.0 in ns.x  # values k rows or more hold stay knots, exactly
-        assert not np.isin(ns.forward(x), ns.z[~np.isin(ns.x, values)]).any()  # no row maps onto a knot
+        assert ns.x.size <= min(n_knots, x.size // MIN_ROWS) and np.all(np.diff(ns.x) > 0) and np.all(np.diff(ns.z) > 0)
+        assert not np.isin(ns.x, lattice).any()  # no value, nor any point of the values' grid
+        assert not np.isin(ns.forward(x), ns.z).any()  # no row maps onto a knot
+    # the knots are no chain of pairs of values: each is the mean of five values no other knot uses
+    assert NormalScore.fit(np.arange(9.0)) is None and NormalScore.fit(np.arange(10.0)).x.size == 2
     # levels: only values k rows hold; a rarer one is read as its nearest level
     col = np.array([0.0] * 30 + [1.0] * 9 + [2.0] * 4 + [7.0])
     levels = few_levels(col, 32)

@@ -68,7 +68,7 @@ def test_a_dp_plan_learns_one_noisy_pc_per_class_and_reports_noisy_counts():
     assert client_sensitivity([["real", "real", "discrete"]], 3.0) == 1 + 2 * (3 + 9) + 1
     # k-means clusters depend on other rows: under DP a single-owner subspace is one PC
     v = OnePassBuilder(n_clusters=4, glue="random", seed=0, learner="factorized", hyperparameters=hp)
-    vdecls = [ClientDeclaration(0, ("a",), ("real",), (0,), 50, "i"), ClientDeclaration(1, ("b",), ("real",), (0,), 50, "i")]
+    vdecls = [ClientDeclaration(c, (f,), ("real",), (0,), 50, "i") for c, f in enumerate("ab")]
     assert all(t.n_clusters == 1 for t in v.plan(vdecls, ("a", "b"), None, "vertical").tasks)
 
 
@@ -77,7 +77,7 @@ def test_dp_refuses_learners_and_glue_it_does_not_cover():
     with pytest.raises(UserError, match="only the factorized learner"):
         OnePassBuilder(glue="class", learner="learnspn", hyperparameters=hp).plan(_decls(50), ("a", "b", "y"), "y",
                                                                                "horizontal")
-    vdecls = [ClientDeclaration(0, ("a",), ("real",), (0,), 50, "i"), ClientDeclaration(1, ("b",), ("real",), (0,), 50, "i")]
+    vdecls = [ClientDeclaration(c, (f,), ("real",), (0,), 50, "i") for c, f in enumerate("ab")]
     with pytest.raises(UserError, match="cooccurrence"):
         OnePassBuilder(glue="cooccurrence", learner="factorized", hyperparameters=hp).plan(vdecls, ("a", "b"), None,
                                                                                         "vertical")
