@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from mpifc.atomic import atomic_write_text
-from mpifc.circuit.privacy import MIN_LEAF_ROWS, find_values, rare_values, value_patterns
+from mpifc.circuit.privacy import MIN_LEAF_ROWS, find_values, rare_values, sorted_member, value_patterns
 from mpifc.errors import PrivacyFinding
 from mpifc.fedpc.protocol import PAYLOAD_SHAPES
 from mpifc.runtime.kinds import as_kind
@@ -88,7 +88,7 @@ class _RowSearch:
             with np.errstate(over="ignore"):
                 for j in range(d):
                     key += w[j: m - d + 1 + j] * self.mult[j]
-            for i in np.flatnonzero(np.isin(key, self.keys)):
+            for i in np.flatnonzero(sorted_member(key, self.keys)):
                 lo, hi = np.searchsorted(self.keys, key[i], "left"), np.searchsorted(self.keys, key[i], "right")
                 window = w[i: i + d]
                 if any(np.array_equal(window, self.words[self.order[r]]) for r in range(lo, hi)):
