@@ -27,13 +27,14 @@ def vertical_bc(tmp_path_factory):
 
 
 def test_a_finding_ends_the_job_with_exit_3_one_line_and_no_model(vertical_bc, tmp_path):
-    # no --audit: the models a client sends are checked all the same
+    # no --audit: the models a client sends are checked all the same; one leaky client, so one
+    # finding (several clients that find at once each name themselves)
     model, ledger = tmp_path / "m.h5", tmp_path / "l.csv"
-    r = run_mpi(4, [LEAKY, "train", str(vertical_bc), "--learner", "leaky", "--model", str(model),
-                    "--ledger", str(ledger)], timeout=300)
+    r = run_mpi(4, [LEAKY, "train", str(vertical_bc), "--learner", "factorized", "--client-learner", "1=leaky",
+                    "--model", str(model), "--ledger", str(ledger)], timeout=300)
     assert r.returncode == 3, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("mpifc:")]
-    assert len(lines) == 1 and "PrivacyFinding: privacy audit: client" in lines[0], r.stderr
+    assert len(lines) == 1 and "PrivacyFinding: privacy audit: client 1 (rank 2)" in lines[0], r.stderr
     assert "fc.train.model" in lines[0] and "a raw row" in lines[0] and "no model is written" in lines[0]
     assert not model.exists() and not ledger.exists()
 
