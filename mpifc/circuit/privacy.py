@@ -113,8 +113,8 @@ def sorted_member(values: np.ndarray, table: np.ndarray) -> np.ndarray:
     return table[idx] == values
 
 
-def find_values(data: Any, patterns: tuple[np.ndarray, np.ndarray], float32_arrays: Sequence[np.ndarray] = ()
-                ) -> dict[str, np.ndarray]:
+def find_values(data: Any, patterns: tuple[np.ndarray, np.ndarray], float32_arrays: Sequence[np.ndarray] = (),
+                big_endian: bool = False) -> dict[str, np.ndarray]:
     """Where the :func:`value_patterns` ``patterns`` occur.
 
     Args:
@@ -124,6 +124,8 @@ def find_values(data: Any, patterns: tuple[np.ndarray, np.ndarray], float32_arra
         float32_arrays: the float32 arrays the bytes hold (decoded), searched element by element
             for the float32 patterns (a 4-byte pattern at every offset of arbitrary bytes would
             match by chance).
+        big_endian: also search the float64 patterns in big-endian byte order, at every offset
+            (a pickle stores a Python float so).
 
     Returns:
         ``{"float64": found values, "float32": found values}``, each sorted, distinct, as float64.
@@ -137,8 +139,9 @@ def find_values(data: Any, patterns: tuple[np.ndarray, np.ndarray], float32_arra
             m = (buf.size - off) // 8
             if m <= 0:
                 continue
-            words = buf[off: off + 8 * m].view("<u8")
-            hits64.append(words[sorted_member(words, u64)])
+            for order in ("<u8", ">u8") if big_endian else ("<u8",):
+                words = buf[off: off + 8 * m].view(order)
+                hits64.append(words[sorted_member(words, u64)].astype(np.uint64))
     hits32: list[np.ndarray] = []
     if u32.size:
         for arr in float32_arrays:

@@ -20,7 +20,8 @@ Installed on a :class:`~mpifc.runtime.transport.Transport` instance (never on th
 * ``rare_values``: how many distinct values that fewer than ``k`` of the sender's rows hold
   (:data:`~mpifc.circuit.privacy.MIN_LEAF_ROWS`, in its real columns, over its training,
   validation and test rows) the message holds, found by :func:`~mpifc.circuit.privacy.find_values`:
-  their float64 bytes and those of their float32 rounding at any byte offset of the message, and
+  their float64 bytes and those of their float32 rounding at any byte offset of the message (in
+  a pickled object also big-endian, as pickle stores a Python float), and
   their float32 bytes in every float32 array it carries (a model blob is decoded for that);
   ``rare_columns``: the columns holding them. Discrete and categorical columns hold level codes,
   whose set the schema declares, and are not searched.
@@ -270,7 +271,7 @@ class SendAudit:
         vals, where, names = self._rare_table()
         if vals.size:
             f32 = _float32_arrays(arr if not blob else None, obj, buf if blob and k.payload == "model_parameters" else None)
-            found = find_values(buf, self._patterns, f32)
+            found = find_values(buf, self._patterns, f32, big_endian=arr is None)  # a pickle's floats
             hit = np.unique(np.concatenate([found["float64"], found["float32"]]))
             if hit.size:
                 rare, rare32 = int(hit.size), int(found["float32"].size)

@@ -100,7 +100,10 @@ def test_the_audit_stops_a_message_with_a_rare_value_or_raw_row_before_it_leaves
         t.isend(np.frombuffer(b"xyz" + np.array([3.25, x[7, 1]]).tobytes(), dtype=np.uint8), 0, _PROBE)
     with pytest.raises(PrivacyFinding, match="a raw row"):
         t.isend(np.frombuffer(b"q" + x[11].tobytes() + b"r", dtype=np.uint8), 0, _PROBE)
-    assert len(t.sent) == 1  # neither finding left
+    with pytest.raises(PrivacyFinding, match="'a'"):  # a Python float in a pickle: big-endian bytes
+        t.isend_obj({"stats": [1.0, float(x[4, 0])]}, 0, _PROBE)
+    t.isend_obj({"mean": float(x[:, 0].mean()), "n": 40}, 0, _PROBE)
+    assert len(t.sent) == 2  # no finding left
     summary = (tmp_path / "audit-summary.json").read_text()
     assert '"stopped"' in summary and "test.privacy.probe" in summary
     # record: sent, and counted per kind
