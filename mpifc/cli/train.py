@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 from typing import Any
 
 from mpifc.cli.common import (add_audit_arguments, add_liveness_argument, add_output_arguments, comma_ints,
@@ -156,6 +157,9 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
           "dp_seed": getattr(args, "dp_seed", None)}
     if dp["dp_epsilon"] is None and any(v is not None for v in dp.values()):
         raise UserError("--dp-clip and --dp-seed need --dp-epsilon")
+    for flag, v in (("--dp-epsilon", dp["dp_epsilon"]), ("--dp-clip", dp["dp_clip"])):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise UserError(f"{flag} must be a finite number > 0, got {v:g}")
     hp.update({k: v for k, v in dp.items() if v is not None})  # plan hyperparameters: sent with the plan
     learner = args.learner or ("factorized" if dp["dp_epsilon"] is not None else "learnspn")
     learners = {}

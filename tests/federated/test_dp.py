@@ -93,3 +93,20 @@ def test_the_model_records_the_accounting():
     assert rec["epsilon"] == 2.0 and rec["mechanism"] == "laplace" and rec["clip"] == 3.0
     assert rec["per_client"]["0"] == {"sensitivity_l1": 26.0, "scale": 13.0}
     assert "entropy" in rec["noise"]
+
+
+@pytest.mark.parametrize("argv,msg", [(["--dp-epsilon", "-1"], "--dp-epsilon must be a finite number > 0"),
+                                      (["--dp-epsilon", "nan"], "--dp-epsilon must be a finite number > 0"),
+                                      (["--dp-epsilon", "1", "--dp-clip", "0"], "--dp-clip must be"),
+                                      (["--dp-seed", "3"], "need --dp-epsilon")])
+def test_the_dp_flags_refuse_bad_values_naming_the_flag(argv, msg):
+    import argparse
+
+    from mpifc.cli.train import add_fedpc_train_arguments, train_config
+
+    p = argparse.ArgumentParser()
+    add_fedpc_train_arguments(p)
+    with pytest.raises(UserError, match=msg):
+        train_config(p.parse_args(["d", "--model", "m.h5", *argv]))
+    cfg = train_config(p.parse_args(["d", "--model", "m.h5", "--dp-epsilon", "2"]))
+    assert cfg["learner"] == "factorized" and cfg["hyperparameters"]["dp_epsilon"] == 2.0
