@@ -12,7 +12,8 @@ defaults (adult and credit capped at ``--max-rows`` rows), then a real ``mpiexec
 with default flags but ``--learner`` and ``--audit DIR --audit-findings record`` (findings are
 counted, not stopped). Per run:
 
-* **messages**: what the audit found in the clients' messages, per message kind (rare values:
+* **messages**: the clients' messages (count, bytes) and what the audit found in them, per
+  message kind (rare values:
   distinct values fewer than 5 of the sending client's rows hold, as float64 bytes at any offset
   or float32 in a float32 array; raw rows and raw columns);
 * **model file**: distinct rare values of the whole shard set (model units) in the file's bytes,
@@ -130,7 +131,8 @@ def cell(dataset: str, setting: str, learner: str, seed: int, a: argparse.Namesp
         if not doc["raw_shapes"]:
             continue  # a server: it holds no rows
         for k, e in doc["summary"]["kinds"].items():
-            c = client_kinds.setdefault(k, {"messages": 0, "rare_values": 0, "raw_rows": 0, "raw_columns": 0})
+            c = client_kinds.setdefault(k, {"messages": 0, "bytes": 0, "rare_values": 0, "raw_rows": 0,
+                                            "raw_columns": 0})
             for f in c:
                 c[f] += int(e[f])
     row.update(messages=client_kinds, model=model_findings(model, shards, raw_rare), wall=wall)
@@ -195,7 +197,7 @@ def main() -> None:
     rows = []
     t0 = time.perf_counter()
     print(f"k = {MIN_LEAF_ROWS}; load average {os.getloadavg()[0]:.1f}; out {out}", flush=True)
-    head = (f"{'dataset':<8}{'setting':<12}{'learner':<12}{'seed':>5}{'msgs':>7}{'rare in msgs':>14}"
+    head = (f"{'dataset':<8}{'setting':<12}{'learner':<12}{'seed':>5}{'msgs':>7}{'kB':>9}{'rare in msgs':>14}"
             f"{'raw rows/cols':>15}{'rare in file':>14}{'codec user/model':>18}{'wall s':>9}{'no audit':>10}")
     print(head)
     print("-" * len(head), flush=True)
@@ -210,8 +212,9 @@ def main() -> None:
                         continue
                     m = row["model"]
                     nomsg = sum(e["messages"] for e in row["messages"].values())
+                    kb = sum(e["bytes"] for e in row["messages"].values()) / 1e3
                     noaud = row.get("wall_no_audit")
-                    print(f"{d:<8}{s:<12}{learner:<12}{seed:>5}{nomsg:>7}{row['rare_in_messages']:>14}"
+                    print(f"{d:<8}{s:<12}{learner:<12}{seed:>5}{nomsg:>7}{kb:>9.1f}{row['rare_in_messages']:>14}"
                           f"{row['raw_in_messages']:>15}{m['file']:>14}"
                           f"{str(m['codec_user_units']) + '/' + str(m['codec_model_units']):>18}{row['wall']:>9.1f}"
                           f"{'-' if noaud is None else f'{noaud:.1f}':>10}", flush=True)
@@ -222,7 +225,9 @@ def main() -> None:
     for r in ran:
         for k, e in r["messages"].items():
             by_kind[k] = by_kind.get(k, 0) + e["rare_values"] + e["raw_rows"] + e["raw_columns"]
-    print(f"\n{len(ran)} runs ({len(rows) - len(ran)} n/a), {time.perf_counter() - t0:.0f} s; findings in all: {total} "
+    audited = sum(e["bytes"] for r in ran for e in r["messages"].values())
+    print(f"\n{len(ran)} runs ({len(rows) - len(ran)} n/a), {time.perf_counter() - t0:.0f} s; "
+          f"{audited / 1e6:.2f} MB of client messages audited; findings in all: {total} "
           f"(goal 0); per client message kind: {json.dumps(by_kind)}; load average {os.getloadavg()[0]:.1f}")
     if a.timing:
         pairs = [(r["wall"], r["wall_no_audit"]) for r in ran if r.get("wall_no_audit")]
