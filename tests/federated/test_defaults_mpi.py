@@ -57,6 +57,7 @@ def test_default_flags_classify_breast_cancer(tmp_path, setting, clients):
     # = class code, nothing to split inside); on vertical data the others' rows are in K = 4
     # k-means clusters, tied to the classes by exact EM
     assert fc.meta["glue"] == "class"
+    assert fc.meta["privacy"] == {"k": 5, "audit": "every message", "findings": "fail"}
     for client, rows in used.items():
         clusters: dict[int, set] = {}
         for pc in rows:

@@ -1,14 +1,14 @@
 """The privacy audit in real ``mpiexec`` jobs on breast cancer: a finding ends the job (exit 3,
 one line, no model or ledger), with ``--audit`` or without (the models a client sends are
-always checked), unless ``--audit-findings record`` says otherwise, which the model records;
-the default job of a single client holds no value that fewer than 5 rows hold, in any message
-or in its model file (the other settings: ``test_defaults_mpi.py``)."""
+always checked), unless ``--audit-findings record`` says otherwise, which the model records.
+Default jobs hold no value that fewer than 5 rows hold, in any message or in the model file:
+``test_defaults_mpi.py`` (three settings), ``launch/bench/privacy.py`` (every setting, learner
+and dataset)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mpifc.cli.prep import run as prep_run
@@ -50,25 +50,3 @@ def test_record_sends_the_finding_counts_it_per_kind_and_the_model_says_so(verti
     found = summary["kinds"]["fc.train.model"]
     assert found["raw_rows"] > 0 and found["rare_values"] > 0 and summary["findings"] == found["findings"] > 0
     assert summary["kinds"]["fc.train.counts"]["findings"] == 0 and summary["stopped"] is None
-
-
-def test_central_breast_cancer_default_job_holds_no_rare_value(tmp_path):
-    from data_prep.prepare import prepare
-    from mpifc.circuit.privacy import rare_values
-    from mpifc.fedpc.audit import model_findings
-
-    shards, model, audit = tmp_path / "bc", tmp_path / "m.h5", tmp_path / "aud"
-    prep_run(["--dataset", "breast-cancer", "--setting", "central", "--clients", "1", "--seed", "0",
-              "--out", str(shards)])
-    r = run_mpi(2, ["-m", "mpifc", "train", str(shards), "--seed", "0", "--model", str(model),
-                    "--audit", str(audit)], timeout=300)
-    assert r.returncode == 0, r.stderr
-    summary = json.loads((audit / "audit-summary.json").read_text())
-    assert summary["findings"] == 0 and summary["kinds"]["fc.train.model"]["messages"] >= 1, summary
-    table = prepare(dataset="breast-cancer", setting="central", clients=1, seed=0).table
-    raw_rare = rare_values(table.x, [j for j, m in enumerate(table.meta_types) if m != "categorical"])
-    assert model_findings(model, shards, raw_rare) == {"file": 0, "file_float32": 0, "codec_model_units": 0,
-                                                       "codec_user_units": 0}
-    assert load_fc(model, load_models=False).meta["privacy"] == {"k": 5, "audit": "every message",
-                                                                  "findings": "fail"}
-    assert np.isfinite(summary["moment_coincidences"])
