@@ -9,7 +9,9 @@ manifest and applied shard by shard without holding a float copy of the whole da
 Column kinds after :meth:`Preprocessor.fit` (``ColumnTransform.kind``):
 
 * ``levels``: a numeric column with at most ``max_levels`` distinct training values, or a
-  target-encoded categorical: the level code ``0..k-1`` (meta-type ``discrete``). A
+  target-encoded categorical: the level code ``0..k-1`` (meta-type ``discrete``; a numeric
+  value that fewer than :data:`~data_prep.transforms.MIN_ROWS` training rows hold is no level
+  of its own, see :func:`~data_prep.transforms.few_levels`). A
   target-encoded categorical's levels are its categories ordered by their encoding (then by
   code), so neighbouring codes have similar class rates; a missing category is a level of its
   own when training rows miss it.
@@ -30,8 +32,8 @@ import mpifc.progress as progress
 from mpifc.errors import UserError
 
 from .table import RawTable
-from .transforms import MAX_LEVELS, SCALES, NormalScore, few_levels, from_levels, select_scale, to_levels, \
-    validation_split
+from .transforms import MAX_LEVELS, MIN_ROWS, SCALES, NormalScore, few_levels, from_levels, safe_median, \
+    select_scale, to_levels, validation_split
 
 ENCODINGS = ("target", "none")
 """How :meth:`Preprocessor.fit` treats categoricals: target encoding (binary targets) or codes."""
@@ -126,8 +128,10 @@ class Preprocessor:
             train_rows: ``(n_train,)`` row positions.
             encode: ``"target"`` (sklearn TargetEncoder, binary targets) or ``"none"``
                 (categoricals stay integer codes).
-            impute: replace missing values by the train median (categorical codes: the most
-                frequent code; target-encoded columns encode missing as a category).
+            impute: replace missing values by the train median (a point beside it when fewer
+                than k rows hold it, :func:`~data_prep.transforms.safe_median`; categorical
+                codes: the most frequent code; target-encoded columns encode missing as a
+                category).
             standardize: scale the numeric columns (constant columns get ``std = 1``); off, they
                 keep their values.
             scale: how a real column is scaled: ``"standardize"``, ``"normal-score"``, or
@@ -164,7 +168,7 @@ class Preprocessor:
                 if col.raw_meta_type == "categorical":
                     col.impute = float(np.bincount(seen.astype(np.int64)).argmax())
                 else:
-                    col.impute = float(np.median(seen))
+                    col.impute = safe_median(seen)  # no value fewer than k rows hold
         pre = cls(list(table.features), columns, encode=encode, impute=impute,
                   standardize=standardize, n_fit_rows=int(train_rows.size),
                   categories=table.categories)
@@ -383,7 +387,9 @@ def _fit_target_encoding(table: RawTable, train_rows: np.ndarray, cat_idx: list[
     """sklearn's TargetEncoder, fitted on the train rows, frozen into lookup tables.
 
     ``fit`` then a lookup (not ``fit_transform``'s cross-fitting) so that one category always
-    maps to one value in train and test alike, which a density model needs.
+    maps to one value in train and test alike, which a density model needs. A category that
+    fewer than ``k`` training rows hold (:data:`~data_prep.transforms.MIN_ROWS`) is encoded as
+    an unseen one (the training class rate): its own rate would be those rows' labels.
     """
     from sklearn.preprocessing import TargetEncoder
 
@@ -398,11 +404,18 @@ def _fit_target_encoding(table: RawTable, train_rows: np.ndarray, cat_idx: list[
     for j in cat_idx:
         # one column per fit: the encodings are per feature anyway, and sklearn's working
         # copies then stay one column wide
-        encoder = TargetEncoder(target_type="binary").fit(table.x[train_rows, j][:, None], y)
+        column = table.x[train_rows, j]
+        encoder = TargetEncoder(target_type="binary").fit(column[:, None], y)
         n_cat = columns[j].n_categories
         lookup = np.full(n_cat + 1, encoder.target_mean_, dtype=np.float64)
+        seen = column[~np.isnan(column)].astype(np.int64)
+        rows = np.bincount(seen, minlength=n_cat) if seen.size else np.zeros(n_cat, dtype=np.int64)
         for value, enc in zip(encoder.categories_[0], encoder.encodings_[0]):
-            lookup[n_cat if np.isnan(value) else int(value)] = enc
+            code = n_cat if np.isnan(value) else int(value)
+            # a category of fewer than k rows gets the prior: its rate would be theirs
+            held = int(np.isnan(column).sum()) if code == n_cat else int(rows[code])
+            if held >= MIN_ROWS:
+                lookup[code] = enc
         columns[j].lookup = lookup
         columns[j].meta_type = "real"
         columns[j].n_categories = None

@@ -4,21 +4,27 @@ Two rules, both fitted on training rows only and both invertible for queries:
 
 * **Few values are levels.** A numeric column whose training rows hold at most
   :data:`MAX_LEVELS` distinct values (counts, flags, codes) is stored as the level code
-  ``0..k-1`` of its value (levels = its distinct training values, ascending) and declared
-  ``discrete``: every learner gives it a discrete leaf, whose probability mass is at most 1. A
-  Gaussian on such a column puts a near-zero variance on a value that repeats and reports an
-  unbounded "density" there (Income's positive log-likelihoods). A value between or beyond the
-  levels is read as its nearest level (ties: the lower one), so the model scores a new value by
-  the mass of the level it falls nearest to.
+  ``0..k-1`` of its value (levels = its distinct training values that at least
+  :data:`MIN_ROWS` rows hold, ascending) and declared ``discrete``: every learner gives it a
+  discrete leaf, whose probability mass is at most 1. A Gaussian on such a column puts a
+  near-zero variance on a value that repeats and reports an unbounded "density" there
+  (Income's positive log-likelihoods). A value between or beyond the levels, a rarer training
+  value included, is read as its nearest level (ties: the lower one), so the model scores a new
+  value by the mass of the level it falls nearest to.
 * **Heavy tails.** A real column is scaled either by standardisation, ``(x - mean) / std``, or
-  by the normal-score transform :class:`NormalScore` (each training value to the standard normal
-  quantile of its mid-rank, linear in between, logarithmic beyond the training range), which no
+  by the normal-score transform :class:`NormalScore` (the standard normal quantiles of the
+  training values' mid-ranks, linear in between, logarithmic beyond the range), which no
   training or test value can leave far out: a value 10,000 standard deviations out lands ~10
   units out instead of 10,000, so one row no longer sets a test set's mean log-likelihood.
   :func:`select_scale` chooses between the two per column on validation rows carved from the
   training rows (:func:`validation_split`), by the validation log-likelihood of a small Gaussian
   mixture fitted in each candidate's units and measured in standardised units (the normal-score
   candidate's log-Jacobian added), so the two are compared on one scale.
+
+Both keep to the k-rows rule (:data:`MIN_ROWS`): what they store, and so what a model's codec
+carries, holds no value that fewer than ``k`` training rows hold: rarer values are no level,
+and every knot of a normal score is the mean of ``k`` consecutive values.
+:func:`safe_median` does the same for imputation.
 """
 from __future__ import annotations
 
@@ -32,12 +38,24 @@ from mpifc.errors import UserError
 MAX_LEVELS = 32
 """A numeric column with at most this many distinct training values is stored as level codes."""
 
+MIN_ROWS = 5
+"""``k`` of the k-rows rule: a value fewer training rows hold is never stored (no level, knot or
+imputed value is one); the same ``k`` as ``mpifc.circuit.privacy.MIN_LEAF_ROWS``."""
+
+OFF_GRID = 2.0 ** -40
+"""Relative step that moves a mean of values off their decimal grid (as
+``mpifc.circuit.privacy.OFF_GRID`` does for a client's Gaussian moments)."""
+
+GOLDEN_SHARE = (3.0 - math.sqrt(5.0)) / 2.0
+"""Where in the gap between two neighbouring values a stored point goes (~0.382 of the way up):
+an irrational share, so that on a column of integer-like values it is no value of the lattice."""
+
 SCALES = ("auto", "standardize", "normal-score")
 """``--scale`` choices for real columns; ``auto`` picks one of the other two per column."""
 
 N_KNOTS = 256
-"""At most this many quantile knots per normal-score column (plus every value holding at least
-``1 / N_KNOTS`` of the rows), so a manifest stays small on large tables."""
+"""At most this many quantile knots per normal-score column (and at most one per ``k`` rows), so a
+manifest stays small on large tables."""
 
 VALIDATION_FRACTION = 0.2
 """Share of the training rows held out to choose a column's scale."""
@@ -52,16 +70,37 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 # --------------------------------------------------------------------------- levels
-def few_levels(values: np.ndarray, max_levels: int) -> np.ndarray | None:
-    """The sorted distinct values of ``values`` (NaN ignored) if there are at most
-    ``max_levels`` of them, else None (also for ``max_levels <= 0`` or no value)."""
+def few_levels(values: np.ndarray, max_levels: int, k: int = MIN_ROWS) -> np.ndarray | None:
+    """If ``values`` (NaN ignored) hold at most ``max_levels`` distinct values: those that at
+    least ``k`` of them hold, sorted (the others are read as their nearest level, see
+    :func:`to_levels`); else None (also for ``max_levels <= 0``, no value, or no value held
+    ``k`` times)."""
     if max_levels <= 0:
         return None
     seen = values[~np.isnan(values)]
     if seen.size == 0:
         return None
-    levels = np.unique(seen)
-    return levels if levels.size <= max_levels else None
+    levels, counts = np.unique(seen, return_counts=True)
+    if levels.size > max_levels or not np.any(counts >= k):
+        return None
+    return levels[counts >= k]
+
+
+def safe_median(values: np.ndarray, k: int = MIN_ROWS) -> float:
+    """The median of ``values`` (NaN ignored, at least one value) if at least ``k`` of them hold
+    it; else a point in the gap above the lower middle value (:data:`GOLDEN_SHARE` of the way to
+    the next value up), which no value is (for an even count, still a median: any point between
+    the two middle values is). One distinct value: that value."""
+    seen = np.sort(values[~np.isnan(values)])
+    med = float(np.median(seen))
+    if int(np.count_nonzero(seen == med)) >= k:
+        return med
+    lo = float(seen[(seen.size - 1) // 2])
+    above = seen[seen > lo]
+    if above.size == 0:
+        below = seen[seen < lo]
+        return lo if below.size == 0 else lo - GOLDEN_SHARE * (lo - float(below[-1]))
+    return lo + GOLDEN_SHARE * (float(above[0]) - lo)
 
 
 def to_levels(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -90,12 +129,16 @@ def from_levels(codes: np.ndarray, levels: np.ndarray) -> np.ndarray:
 class NormalScore:
     """The normal-score transform of one column, ``z = T(x)``, strictly increasing on the reals.
 
-    Knots ``(x_k, z_k)``: training values and the standard normal quantile of their mid-rank
-    ``(rows below + half the rows equal) / n`` (a value that repeats maps to the middle of its
-    block). Between knots ``T`` is linear; beyond the first and last knot it grows with the
-    logarithm of the distance, ``z = z_K + log(1 + (x - x_K) / s)``, with ``s`` set so the slope
-    is continuous, so far-out values stay within a few units. :meth:`inverse` undoes it exactly
-    up to floating-point rounding.
+    Knots ``(x_k, z_k)``: the mean of ``k`` consecutive training values (:data:`MIN_ROWS`; a
+    statistic of ``k`` rows, like every parameter a client sends) and the standard normal
+    quantile of their middle rank, for at most ``n_knots`` such windows, evenly spaced over the
+    sorted values and disjoint (windows inside one block of equal values make one knot at their
+    mean rank), moved off the values' decimal grid by a relative :data:`OFF_GRID`, so no
+    knot is a value and no row's score is a knot's. Between knots ``T`` is linear; beyond the
+    first and last knot it grows with the logarithm of the distance,
+    ``z = z_K + log(1 + (x - x_K) / s)``, with ``s`` set so the slope is continuous, so far-out
+    values stay within a few units. :meth:`inverse` undoes it exactly up to floating-point
+    rounding.
 
     Attributes:
         x, z: ``(K,)`` knots, both strictly increasing (``K >= 2``).
@@ -115,26 +158,28 @@ class NormalScore:
                             "(at least 2) and the tail scales > 0")
 
     @classmethod
-    def fit(cls, values: np.ndarray, n_knots: int = N_KNOTS) -> "NormalScore | None":
-        """Fit on ``values`` (NaN ignored); None if fewer than two distinct values."""
+    def fit(cls, values: np.ndarray, n_knots: int = N_KNOTS, k: int = MIN_ROWS) -> "NormalScore | None":
+        """Fit on ``values`` (NaN ignored); None if there are fewer than two knots to make (fewer
+        than ``2 k`` values, or a column that is one value but for a few rows)."""
         from scipy.special import ndtri
 
-        seen = np.asarray(values, dtype=np.float64)
+        seen = np.sort(np.asarray(values, dtype=np.float64))
         seen = seen[~np.isnan(seen)]
-        uniq, counts = np.unique(seen, return_counts=True)
-        if uniq.size < 2:
+        n = seen.size
+        m = min(int(n_knots), n // k)
+        if m < 2:
             return None
-        n = float(counts.sum())
-        below = np.concatenate([[0.0], np.cumsum(counts)[:-1]])
-        u = (below + 0.5 * counts) / n
-        keep = np.arange(uniq.size)
-        if uniq.size > n_knots:
-            # knots at evenly spaced mid-ranks, the extremes, and every heavy tie block exactly
-            targets = np.linspace(u[0], u[-1], n_knots)
-            near = np.clip(np.searchsorted(u, targets), 0, uniq.size - 1)
-            heavy = np.flatnonzero(counts >= n / n_knots)
-            keep = np.unique(np.concatenate([near, heavy, [0, uniq.size - 1]]))
-        x, z = uniq[keep], ndtri(u[keep])
+        # m windows of k sorted values, evenly spaced and disjoint (n / m >= k rows apart)
+        start = np.floor(np.arange(m) * ((n - k) / (m - 1))).astype(np.int64)
+        x = seen[start[:, None] + np.arange(k)[None, :]].mean(axis=1)
+        # windows inside one block of equal values share one knot, at their mean rank
+        x, inverse = np.unique(x, return_inverse=True)
+        z = ndtri(np.bincount(inverse, weights=(start + 0.5 * k) / n) / np.bincount(inverse))
+        # off the grid of values with a few decimals (the mean of five such values is often one
+        # of them, or a sixth), by a relative 2^-40
+        x = x * (1.0 + OFF_GRID)
+        if x.size < 2:
+            return None
         slope_lo = (z[1] - z[0]) / (x[1] - x[0])
         slope_hi = (z[-1] - z[-2]) / (x[-1] - x[-2])
         return cls(x, z, 1.0 / slope_lo, 1.0 / slope_hi)

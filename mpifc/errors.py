@@ -1,4 +1,5 @@
-"""Errors that the CLI reports as one clear line with exit code 2."""
+"""Errors that the CLI reports as one clear line: exit code 2 for bad input, 3 for a privacy
+finding."""
 
 
 class UserError(Exception):
@@ -18,3 +19,11 @@ class DeviceOutOfMemory(UserError):
     by the job runner. One line, no traceback, exit code 2: the remedy is a smaller model, a
     smaller batch or another device, not a bug report.
     """
+class PrivacyFinding(Exception):
+    """The privacy audit found what must not leave a client (a raw row or column, a value fewer
+    than k rows hold) in a message the client was about to send. The message is not sent; the
+    job ends with one line and exit code 3, and writes no model (``--audit-findings record``
+    lets it go on, and says so in the model)."""
+
+    exit_code = 3
+    brief = True

@@ -4,7 +4,7 @@
 Usage (from the repo root, venv python)::
 
     OMP_NUM_THREADS=1 python launch/bench/defaults.py [--seeds 0,1,2,3,4] [--groups bc,adult,credit,debd]
-        [--max-rows 20000] [--out DIR] [--json FILE]
+        [--max-rows 20000] [--sides old,new] [--out DIR] [--json FILE]
 
 For every cell and seed, one ``python -m data_prep`` shard folder, then two real ``mpiexec`` jobs
 per side and the distributed evaluation (``mpifc evaluate --distributed --json``):
@@ -17,6 +17,8 @@ per side and the distributed evaluation (``mpifc evaluate --distributed --json``
   (``--valid merge``: DEBD's validation rows among the training rows).
 
 The two sides of a seed run back to back, old first on even seeds and new first on odd ones.
+``--sides new`` runs the new side alone (no goals then): how the same script compares two
+versions of the code, each run from its own checkout.
 
 Cells: breast cancer horizontal 2/3/5, vertical 2/3, hybrid 2/3 clients; adult and credit
 (``--max-rows``) central, horizontal 5, vertical 2, hybrid 2; the five DEBD sets
@@ -161,12 +163,17 @@ def main() -> None:
     p.add_argument("--out", default=None, help="folder for shards and models (default: a temporary one)")
     p.add_argument("--json", default=None, help="also write every measurement here")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds any one command may take")
+    p.add_argument("--sides", default="old,new",
+                   help="which sides to run: old, new or both (default old,new; goals need both)")
     a = p.parse_args()
     seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
     groups = [g.strip() for g in a.groups.split(",") if g.strip()]
     unknown = sorted(set(groups) - {"bc", "adult", "credit", "debd"})
     if unknown:
         raise SystemExit(f"--groups: unknown {unknown}; known: bc, adult, credit, debd")
+    sides = [w.strip() for w in a.sides.split(",") if w.strip()]
+    if not sides or set(sides) - {"old", "new"}:
+        raise SystemExit(f"--sides: expected old, new or old,new, got {a.sides!r}")
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="mpifc-defaults-"))
     grid = cells(groups, a.max_rows)
     rows = []
@@ -175,15 +182,18 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
         for seed in seeds:
             order = ("old", "new") if seed % 2 == 0 else ("new", "old")
-            for which in order:
+            for which in (w for w in order if w in sides):
                 runs[which].append(side(cell, seed, which, out, a.timeout))
             print(f"{cell['dataset']} {cell['setting']} {cell['clients']} seed {seed}: "
                   + "  ".join(f"{w} acc {r['accuracy']} f1 {r['f1_macro']} ll {r['test_ll']:.3f} wall {r['wall']:.1f} s "
-                              f"cpu {r['cpu']:.2f} s" for w, r in ((w, runs[w][-1]) for w in ("old", "new"))),
+                              f"cpu {r['cpu']:.2f} s" for w, r in ((w, runs[w][-1]) for w in ("old", "new")
+                                                                  if runs[w])),
                   flush=True)
         agg = {w: {k: mean_std([r[k] for r in rs]) for k in ("accuracy", "f1_macro", "test_ll", "wall", "cpu")}
                for w, rs in runs.items()}
-        rows.append({"cell": cell, "runs": runs, "agg": agg, "missed": goals(cell, agg["old"], agg["new"])})
+        both = all(runs[w] for w in ("old", "new"))
+        rows.append({"cell": cell, "runs": runs, "agg": agg,
+                     "missed": goals(cell, agg["old"], agg["new"]) if both else None})
     print(f"\nmpifc train defaults, old (--preset learner, validation rows merged) / new (no flags); "
           f"seeds {','.join(map(str, seeds))}; mean±std; {time.perf_counter() - t_all:.0f} s in all")
     head = (f"{'dataset':<14}{'setting':<13}{'accuracy old / new':>28}{'macro F1 old / new':>28}"
@@ -195,7 +205,7 @@ def main() -> None:
         pair = lambda k, dg: f"{fmt(o[k], dg)} / {fmt(n[k], dg)}"  # noqa: E731
         print(f"{c['dataset']:<14}{c['setting'] + ' ' + str(c['clients']):<13}{pair('accuracy', 3):>28}"
               f"{pair('f1_macro', 3):>28}{pair('test_ll', 2):>30}{pair('wall', 1):>26}{pair('cpu', 2):>26}  "
-              f"{'ok' if not r['missed'] else 'missed: ' + ', '.join(r['missed'])}")
+              f"{'-' if r['missed'] is None else 'ok' if not r['missed'] else 'missed: ' + ', '.join(r['missed'])}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float) + "\n")
 

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mpifc.circuit.graph import LeafNode, Node, ProductNode, SumNode, collapse, topological_order, validate
+from mpifc.circuit.privacy import off_value_edges
 from mpifc.circuit.splitting import (
     clustering_features,
     split_columns_gtest,
@@ -231,6 +232,8 @@ class _LeafMaker:
         for j in binned:
             if j not in self._breaks:
                 self._breaks[j] = _global_breaks(x[:, j], info.meta[j], info.cards[j])
+            if info.meta[j] == "real":  # no edge on a value of the column (the k-rows rule)
+                self._breaks[j] = off_value_edges(self._breaks[j], x[:, j])
         self._bins: dict[int, Any] = dict(zip(binned, FixedBins.many([self._breaks[j] for j in binned])))
         self._fit_pw_columns = piecewise_fit_fixed_columns
         # Histogram / piecewise leaves reuse each column's bin geometry (bit-identical to the

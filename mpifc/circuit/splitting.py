@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from mpifc.circuit.kmeans import ClusteringWarning, kmeans_labels
+from mpifc.circuit.privacy import MIN_LEAF_ROWS  # no slice of fewer rows is learned on its own
 from mpifc.circuit.rdc import RDC_K, gtest_dependent, rdc_matrix
 
 __all__ = ["MIN_LEAF_ROWS", "ClusteringWarning", "absorb_small_clusters", "clustering_features",
@@ -227,15 +228,14 @@ def _gmm_labels(features: np.ndarray, k: int, n_init: int, seed: int) -> np.ndar
         return gmm.fit(features).predict(features)
 
 
-MIN_LEAF_ROWS = 2
-"""No slice of fewer rows is learned on its own: the leaves of a one-row slice are that row
-(every Gaussian mean one of its values), so the model a client sends would carry a raw row."""
-
-
 def absorb_small_clusters(feats: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """``labels`` ``(n,)`` (``0..m-1``) with every cluster of fewer than :data:`MIN_LEAF_ROWS`
     rows merged into the cluster whose mean (in ``feats``) is nearest, relabelled ``0..m'-1`` in
-    order of first appearance; unchanged where no cluster is that small. One cluster left: all 0."""
+    order of first appearance; unchanged where no cluster is that small. One cluster left: all 0.
+
+    The leaves of a slice of fewer rows would be statistics of a handful of rows (of one row:
+    that row itself), so the model a client sends would carry their values
+    (:mod:`mpifc.circuit.privacy`)."""
     counts = np.bincount(labels)
     small = counts < MIN_LEAF_ROWS
     if not small.any():

@@ -23,6 +23,19 @@ def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
                         "was made from")
 
 
+def add_audit_arguments(p: argparse.ArgumentParser) -> None:
+    """``--audit DIR`` and ``--audit-findings``: the privacy audit of every message a rank sends
+    (:mod:`mpifc.fedpc.audit`)."""
+    p.add_argument("--audit", default=None, metavar="DIR",
+                   help="check every message a client sends for raw rows and columns and for values that fewer "
+                        "than 5 of its rows hold, and write per-rank records and audit-summary.json here "
+                        "(default: no audit)")
+    p.add_argument("--audit-findings", default="fail", choices=("fail", "record"),
+                   help="what an audit finding does: fail = the message is not sent and the job ends with exit "
+                        "code 3, writing no model (default); record = it is sent and recorded, and the model's "
+                        "meta says so")
+
+
 def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """``--json`` (``what`` as one JSON line instead of text) or ``--quiet`` (nothing)."""
     out = p.add_mutually_exclusive_group()

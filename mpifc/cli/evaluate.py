@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments, add_overwrite_argument
+from mpifc.cli.common import (add_audit_arguments, add_device_argument, add_liveness_argument, add_output_arguments,
+                              add_overwrite_argument)
 from mpifc.cli.train import FAMILIES
 
 
@@ -28,7 +29,7 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
     add_device_argument(p, "EiNet and RAT-SPN leaf PCs")
-    p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
+    add_audit_arguments(p)
     add_overwrite_argument(p)
     add_output_arguments(p, "the metrics (rank 0)")
     p.add_argument("--query", default="ll", choices=("ll", "mpe", "sample"),
@@ -60,8 +61,8 @@ def evaluate_config(args: argparse.Namespace) -> dict[str, Any]:
     """The FedPC evaluation settings of parsed flags."""
     return {"dir": str(args.dir), "model": str(args.model), "distributed": bool(args.distributed),
             "evidence": args.evidence, "batch": args.batch, "output_npz": args.output_npz,
-            "audit": args.audit, "query_rows": args.query_rows, "query": args.query,
-            "n_samples": args.n_samples, "seed": args.sample_seed, "out": args.out,
+            "audit": args.audit, "audit_findings": args.audit_findings, "query_rows": args.query_rows,
+            "query": args.query, "n_samples": args.n_samples, "seed": args.sample_seed, "out": args.out,
             "overwrite": bool(getattr(args, "overwrite", False))}
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 from typing import Any
 
-from mpifc.cli.common import (add_device_argument, add_liveness_argument, add_output_arguments, add_overwrite_argument,
-                               comma_ints, parse_kv)
+from mpifc.cli.common import (add_audit_arguments, add_device_argument, add_liveness_argument, add_output_arguments,
+                              add_overwrite_argument, comma_ints, parse_kv)
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.defaults import PRESETS, RULE_HELP
@@ -29,7 +30,8 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
                 "with --clusters K, a k-means split into K clusters, one LearnSPN each, glued as any "
                 "single-owner subspace.")
     p.add_argument("dir", help="shard directory written by data_prep")
-    p.add_argument("--learner", default="learnspn", choices=learner_names(), help="client PC learner")
+    p.add_argument("--learner", default=None, choices=learner_names(),
+                   help="client PC learner (default: learnspn; factorized with --dp-epsilon)")
     p.add_argument("--client-learner", action="append", default=[], metavar="IDX=NAME",
                    help="per-client learner override (repeatable)")
     p.add_argument("--preset", default="adaptive", choices=PRESETS,
@@ -76,7 +78,16 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
     add_liveness_argument(p)
     add_device_argument(p, "EiNet and RAT-SPN client PCs (fit, EM)")
-    p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
+    add_audit_arguments(p)
+    p.add_argument("--dp-epsilon", type=float, default=None, metavar="E",
+                   help="make what every client sends epsilon-differentially private (Laplace noise on the "
+                        "counts and sufficient statistics of factorized PCs, one PC per subspace or class, no "
+                        "EM; mpifc.federated.dp); default: off")
+    p.add_argument("--dp-clip", type=float, default=None, metavar="B",
+                   help="with --dp-epsilon: real values (model units) are clipped to [-B, B] (default 4)")
+    p.add_argument("--dp-seed", type=int, default=None, metavar="S",
+                   help="with --dp-epsilon: seed the noise (a reproducible run; no privacy against whoever knows "
+                        "S); default: each client's own entropy")
     add_overwrite_argument(p)
     add_output_arguments(p, "the summary (rank 0)")
     p.add_argument("--exclusive-timing", action="store_true",
@@ -146,21 +157,31 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
     clusters = args.clusters if args.clusters is not None else (None if preset == "adaptive" else 2)
     if getattr(args, "cluster_without_target", False):
         hp[CLUSTER_WITHOUT_TARGET] = True  # a plan hyperparameter: sent with the plan, never to a learner
+    dp = {"dp_epsilon": getattr(args, "dp_epsilon", None), "dp_clip": getattr(args, "dp_clip", None),
+          "dp_seed": getattr(args, "dp_seed", None)}
+    if dp["dp_epsilon"] is None and any(v is not None for v in dp.values()):
+        raise UserError("--dp-clip and --dp-seed need --dp-epsilon")
+    for flag, v in (("--dp-epsilon", dp["dp_epsilon"]), ("--dp-clip", dp["dp_clip"])):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise UserError(f"{flag} must be a finite number > 0, got {v:g}")
+    hp.update({k: v for k, v in dp.items() if v is not None})  # plan hyperparameters: sent with the plan
+    learner = args.learner or ("factorized" if dp["dp_epsilon"] is not None else "learnspn")
     learners = {}
     for k, v in parse_kv(args.client_learner, "--client-learner").items():
         if v not in learner_names():
             raise UserError(f"--client-learner {k}={v}: unknown learner; known: {', '.join(learner_names())}")
         learners[int(k)] = v
-    hp = check_hyperparameters(hp, [args.learner, *learners.values()])
+    hp = check_hyperparameters(hp, [learner, *learners.values()])
     if args.assign == "tree" and args.servers < 1:
         raise UserError("--assign tree needs --servers S with S >= 1")
     if args.em_iters is not None and args.em_iters < 1:
         raise UserError(f"--em-iters must be >= 1, got {args.em_iters}")
     refine = args.refine if args.refine is not None or preset == "adaptive" else "none"
-    return {"dir": str(args.dir), "learner": args.learner, "client_learners": learners, "glue": glue if glue or preset == "adaptive" else "random",
+    return {"dir": str(args.dir), "learner": learner, "client_learners": learners, "glue": glue if glue or preset == "adaptive" else "random",
             "clusters": clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
             "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
+            "audit_findings": args.audit_findings,
             "refine": refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
             "exclusive_timing": bool(args.exclusive_timing), "overwrite": bool(getattr(args, "overwrite", False)),
             "warm_up": bool(args.warm_up or args.exclusive_timing)}

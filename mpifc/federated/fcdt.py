@@ -67,6 +67,7 @@ class TreeClassifier:
             t = clf.tree_
             left, right, feature, threshold = t.children_left, t.children_right, t.feature, t.threshold
             value, classes = t.value[:, 0, :], clf.classes_
+        threshold = off_value_thresholds(xs, np.asarray(left), np.asarray(feature), np.asarray(threshold, np.float64))
         probs = np.zeros((value.shape[0], n_classes))
         probs[:, classes.astype(np.int64)] = value / np.maximum(value.sum(1, keepdims=True), 1e-300)
         probs = np.maximum(probs, PROB_FLOOR)
@@ -150,6 +151,26 @@ class TreeClassifier:
         return None
 
 
+def off_value_thresholds(xs: np.ndarray, left: np.ndarray, feature: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    """CART's thresholds (midpoints between neighbouring values of a node's rows) moved into
+    the gap between the two neighbouring values of all the rows ``xs`` around them, a
+    golden-section share of the way up (:data:`mpifc.circuit.privacy.GOLDEN_SHARE`): every
+    training row goes the same way, and on values with a few decimals no threshold is a value
+    of their grid (a midpoint between 3 and 5 is 4, which another row may hold)."""
+    from mpifc.circuit.privacy import GOLDEN_SHARE
+
+    out = np.array(threshold, dtype=np.float64, copy=True)
+    for i in np.flatnonzero(left >= 0):
+        t = out[i]
+        col = xs[:, int(feature[i])]
+        col = col[np.isfinite(col)]
+        below, above = col[col <= t], col[col > t]
+        if np.isfinite(t) and below.size and above.size:
+            lo, hi = below.max(), above.min()
+            out[i] = lo + GOLDEN_SHARE * (hi - lo)
+    return out
+
+
 def fit_tree_learner(x: np.ndarray, meta_types: Sequence[str], seed: int, n_categories: Sequence[int] | None = None,
                      target_index: int | None = None, max_depth: int | None = 8, min_samples_leaf: int = 5,
                      **_: Any) -> TreeClassifier:
@@ -158,6 +179,11 @@ def fit_tree_learner(x: np.ndarray, meta_types: Sequence[str], seed: int, n_cate
 
     if target_index is None:
         raise UserError("learner 'dt' needs the target among the client's features (FC[DT])")
+    from mpifc.circuit.privacy import MIN_LEAF_ROWS
+
+    if int(min_samples_leaf) < MIN_LEAF_ROWS:
+        raise UserError(f"learner 'dt': min_samples_leaf={min_samples_leaf}: a tree leaf needs at least "
+                        f"{MIN_LEAF_ROWS} rows (the k-rows rule)")
     k = int((n_categories or [0] * x.shape[1])[target_index] or 0)
     k = max(k, int(np.nanmax(x[:, target_index])) + 1 if len(x) else 2)
     return TreeClassifier.fit(x, target_index, k, seed, max_depth=max_depth, min_samples_leaf=min_samples_leaf)

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from mpifc.circuit.privacy import MIN_LEAF_ROWS
 from mpifc.errors import UserError
 
 
@@ -97,7 +98,8 @@ EINET: dict[str, Param] = {
     "pd_num_pieces": _int(1, help="Poon-Domingos: equal pieces per image axis (Table 5 of the FC paper: 8)"),
 }
 FACTORIZED: dict[str, Param] = {"alpha": _float(0.0, low_open=True)}
-DT: dict[str, Param] = {"max_depth": _int(1, nullable=True), "min_samples_leaf": _int(1)}
+DT: dict[str, Param] = {"max_depth": _int(1, nullable=True),
+                        "min_samples_leaf": _int(MIN_LEAF_ROWS, help="no tree leaf of fewer rows (the k-rows rule)")}
 
 LEARNER_PARAMS: dict[str, dict[str, Param]] = {
     "learnspn": LEARNSPN, "ratspn": RATSPN, "einet": EINET, "factorized": FACTORIZED, "dt": DT,
@@ -108,6 +110,9 @@ PLAN_PARAMS: dict[str, Param] = {
     "cluster_without_target": Param("bool", help="the label owner clusters its rows without the target"),
     "target_first": Param("bool", help="a LearnSPN PC holding the target splits its rows by it first "
                                        "(default: chosen on held-out rows)"),
+    "dp_epsilon": _float(0.0, low_open=True, help="epsilon-DP statistics of every client (--dp-epsilon)"),
+    "dp_clip": _float(0.0, low_open=True, help="real values clipped to [-B, B] under --dp-epsilon"),
+    "dp_seed": _int(0, help="seed of the DP noise (reproducible, not private against whoever knows it)"),
 }
 """Hyperparameters of the plan itself (Algorithm 1), not of a learner."""
 

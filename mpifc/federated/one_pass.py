@@ -55,6 +55,7 @@ import numpy as np
 # ~10 ms of import time to the server's first plan (a timed phase of mpifc.fedpc.train).
 import numpy.random  # noqa: F401
 
+from mpifc.circuit.privacy import MIN_LEAF_ROWS
 from mpifc.errors import UserError
 from mpifc.federated.structure import (
     AVERAGE,
@@ -371,7 +372,8 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[d
     :data:`TARGET_FIRST` becomes LearnSPN's ``class_column`` where the PC holds the target."""
     from mpifc.federated.defaults import adaptive_hyperparameters, target_candidates
 
-    explicit = {k: v for k, v in plan.hyperparameters.items() if k != CLUSTER_WITHOUT_TARGET}
+    explicit = {k: v for k, v in plan.hyperparameters.items()
+                if k != CLUSTER_WITHOUT_TARGET and not k.startswith("dp_")}
     hp = dict(explicit)
     if plan.defaults == "adaptive" and plan.kind == "fedpc":
         meta = [plan.meta_types[f] for f in task.features]
@@ -489,6 +491,8 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
             (:func:`~mpifc.federated.learners.fit_leaf` passes it to the learners that compute
             on torch); None: not passed (they use the CPU).
     """
+    if plan.hyperparameters.get("dp_epsilon") is not None:
+        return _noisy_client_tasks(plan, client, x, features)
     if fit is None:
         from mpifc.federated.learners import fit_leaf as fit
     from mpifc.circuit.leaves.gaussian import tie_variance_floors
@@ -521,20 +525,59 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
     return ClientReport(client, leaves, cluster_ids)
 
 
+def check_dp_plan(glue: str, learners: Sequence[str]) -> None:
+    """What ``--dp-epsilon`` needs of a plan (:mod:`mpifc.federated.dp`): factorized PCs, and no
+    glue that sends per-sample data."""
+    if glue == "cooccurrence":
+        raise UserError("--dp-epsilon: the cooccurrence glue sends one cluster id per row, which no noise on "
+                        "statistics covers; use another --glue")
+    other = sorted(set(learners) - {"factorized"})
+    if other:
+        raise UserError(f"--dp-epsilon: learner {other[0]!r} chooses its structure on the rows; only the factorized "
+                        "learner's statistics are noised (--learner factorized)")
+
+
+def _noisy_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features: Sequence[str]) -> ClientReport:
+    """:func:`run_client_tasks` under ``--dp-epsilon`` (:mod:`mpifc.federated.dp`): per task one
+    PC over all rows, or one per class of the class glue (every class, held or not), each from
+    Laplace-noised statistics; the reported row counts are the noisy ones."""
+    from mpifc.federated.dp import DEFAULT_CLIP, client_sensitivity, fit_noisy, noise_generator
+
+    hp = plan.hyperparameters
+    clip = float(hp.get("dp_clip") or DEFAULT_CLIP)
+    tasks = plan.tasks_for(client)
+    delta = client_sensitivity([[plan.meta_types[f] for f in t.features] for t in tasks], clip)
+    scale = delta / float(hp["dp_epsilon"])
+    rng = noise_generator(hp, client)
+    col = {f: j for j, f in enumerate(features)}
+    leaves: list[LeafReport] = []
+    for t in tasks:
+        xs = x[:, [col[f] for f in t.features]]
+        meta = [plan.meta_types[f] for f in t.features]
+        ks = [plan.n_categories.get(f, 0) for f in t.features]
+        if t.by_class:
+            codes = np.rint(x[:, col[plan.target]]).astype(np.int64)
+            cells = [(k, xs[codes == k]) for k in range(int(t.n_clusters))]
+        else:
+            cells = [(-1 if t.n_clusters == 0 else 0, xs)]
+        for k, rows in cells:
+            model, n = fit_noisy(rows, meta, ks, clip, scale, rng, alpha=float(hp.get("alpha", 1.0)))
+            leaves.append(LeafReport(client, t.subspace, k, n, t.learner, t.features, model))
+    return ClientReport(client, leaves, None)
+
+
 def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray, y: np.ndarray,
                   fit: Callable[..., Any], floors: Any, on: dict[str, Any]) -> list[LeafReport]:
     """The ``class`` glue's PCs of one task: one per class the client holds at least
     ``MIN_LEAF_ROWS`` rows of (cluster id = class code). A single-owner subspace without the
     target also needs one for every other class: its PC over all the client's rows stands in (its
     row count then says so: it is not the class's)."""
-    from mpifc.circuit.splitting import MIN_LEAF_ROWS
-
     codes = np.rint(y).astype(np.int64)
     out = []
     whole = None
     for k in range(int(t.n_clusters)):
         rows = xs[codes == k]
-        # a class of one row is no PC of its own: one fitted on that row would be the row
+        # a class of fewer than k rows is no PC of its own: its leaves would be those rows' values
         if len(rows) < MIN_LEAF_ROWS:
             if plan.subspaces[t.subspace].shared or plan.target in t.features:
                 continue  # the subspace's other owners hold the class, or it is left out
@@ -596,6 +639,9 @@ class OnePassBuilder:
         for d in sorted(decls, key=lambda d: d.index):
             if d.n_rows <= 0:
                 raise UserError(f"client {d.index} has zero training rows")
+            if d.n_rows < MIN_LEAF_ROWS:
+                raise UserError(f"client {d.index} has {d.n_rows} training rows; a client needs at least "
+                                f"{MIN_LEAF_ROWS}, since no PC is fitted on fewer rows (the k-rows rule)")
             if len(set(d.features)) != len(d.features):
                 raise UserError(f"client {d.index} declares a feature twice: {list(d.features)}")
             for f, m, k in zip(d.features, d.meta_types, d.n_categories):
@@ -648,6 +694,9 @@ class OnePassBuilder:
                 raise UserError("glue 'cooccurrence' needs vertical or hybrid data (aligned sample ids); "
                                 "the data is horizontal")
             self._check_aligned([by_index[s.owners[0]] for s in single], "glue 'cooccurrence'")
+        dp = self.hyperparameters.get("dp_epsilon") is not None
+        if dp:
+            check_dp_plan(glue, [self.learners.get(d.index, self.learner) for d in decls])
         if self.learner == "dt" or "dt" in self.learners.values():
             return self._plan_fcdt(decls, features, meta, cats, by_index, target, setting, glue)
         tasks = []
@@ -661,6 +710,8 @@ class OnePassBuilder:
                     continue
                 k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target, glue, n_clustered,
                                                          n_classes if glue == "class" else 2)
+                if dp and k:
+                    k = 1  # differential privacy: no k-means (a row's cluster depends on the others)
                 tasks.append(LeafTask(c, s.index, s.features, k, seed, learner))
         if glue == "class":
             n_products = n_classes * int(np.prod([t.n_clusters for t in tasks if not t.by_class and t.n_clusters]))

@@ -410,6 +410,19 @@ def _copy_wire(src: WireGroup, dst: WireGroup) -> None:
             dst._members[k] = v.copy()
 
 
+_RELEASE_GUARD: list[Any] = []
+
+
+def set_release_guard(guard: Any | None) -> None:
+    """Install (or, with None, remove) this process's release guard: an object whose
+    ``apply(group)`` adjusts a model's written arrays before :func:`model_to_bytes` encodes
+    them. A client rank installs a :class:`mpifc.circuit.privacy.MomentGuard` of its own rare
+    values for as long as it sends models, so every PC it sends, after EM too, goes through it."""
+    _RELEASE_GUARD.clear()
+    if guard is not None:
+        _RELEASE_GUARD.append(guard)
+
+
 def model_to_bytes(model: Any) -> np.ndarray:
     """A leaf model as compact wire bytes ``(n_bytes,)`` uint8, written by its own ``save``
     into a :class:`WireGroup` (no pickle, no HDF5 file image).
@@ -429,9 +442,14 @@ def model_to_bytes(model: Any) -> np.ndarray:
     is spelled out only once: a repeat, or one of the names of the library's model writers
     listed in the format (``_STATIC_STRINGS``), is a varint index. ``H`` is a few dozen bytes
     for a LearnSPN SPN, whose names are all listed (the JSON header of version 1 was ~560).
+
+    With a release guard installed (:func:`set_release_guard`) the written arrays go through it
+    before they are encoded.
     """
     root = WireGroup()
     save_model(model, root)
+    if _RELEASE_GUARD and not isinstance(model, WireModel):
+        _RELEASE_GUARD[0].apply(root)
     if isinstance(model, WireModel):
         n_params = model.n_parameters
     else:

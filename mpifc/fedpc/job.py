@@ -29,6 +29,8 @@ def _train_job(ctx: Any) -> int:
 
     cfg = ctx.config
     audit = _install_audit(ctx, cfg, load_manifest(cfg["dir"]), train=True)
+    if audit is None:
+        audit = _install_model_check(ctx, cfg, load_manifest(cfg["dir"]))
     summary = train_rank(ctx, cfg, load_manifest(cfg["dir"]))
     _finish_audit(ctx, cfg, audit)
     if summary is not None:
@@ -89,6 +91,8 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
     if cfg.get("refine") is None:
         refine, iters = default_refine(manifest.setting, cfg["glue"], holders, n, learners,
                                        cfg.get("assign") or "flat")
+        if (cfg.get("hyperparameters") or {}).get("dp_epsilon") is not None:
+            refine, iters = "none", 0  # EM re-fits on the rows, outside the noise (mpifc.federated.dp)
         cfg["refine"] = refine
         if cfg.get("em_iters") is None and refine == "em":
             cfg["em_iters"] = iters
@@ -129,6 +133,9 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
     if cfg.get("em_iters") is not None and int(cfg["em_iters"]) < 1:
         raise UserError(f"--em-iters must be >= 1, got {cfg['em_iters']}")
     resolve_glue_and_refine(cfg, m)
+    if cfg["hyperparameters"].get("dp_epsilon") is not None and cfg["refine"] == "em":
+        raise UserError("--dp-epsilon: --refine em passes per-sample values and re-fits the leaves on the rows, "
+                        "which the noise does not cover; leave --refine out (or none)")
     from mpifc.fedpc.audit import AUDIT_OUTPUT
     from mpifc.federated.serialize import MODEL_OUTPUT
     from mpifc.runtime.ledger import LEDGER_OUTPUT
@@ -257,7 +264,6 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
     else:
         why = "a query pass carries one value per query row"
         allowed = {k.name: why for k in (P.VALUES, P.MAX_VALUES, P.DECISIONS, P.ANSWER, P.EVIDENCE)}
-    audit = SendAudit(ctx.rank, allowed)
     n_servers = int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0
     if not train:
         from mpifc.federated.serialize import load_fc
@@ -266,10 +272,38 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
     else:
         ranks = client_rank_map(range(manifest.n_clients), n_servers)
     client_of = {r: c for c, r in ranks.items()}
+    who = f"client {client_of[ctx.rank]} (rank {ctx.rank})" if ctx.rank in client_of else f"rank {ctx.rank}"
+    Path(cfg["audit"]).mkdir(parents=True, exist_ok=True)
+    audit = SendAudit(ctx.rank, allowed, findings=cfg.get("audit_findings") or "fail", directory=cfg["audit"],
+                      who=who)
     if ctx.rank in client_of:
         shard = read_client(cfg["dir"], client_of[ctx.rank])
-        audit.protect(shard.x_train, "train")
-        audit.protect(shard.x_test, "test")
+        real = [m == "real" for m in shard.meta_types]
+        for rows, what in ((shard.x_train, "train"), (shard.x_valid, "valid"), (shard.x_test, "test")):
+            audit.protect(rows, what, real=real, names=list(shard.features))
+    audit.install(ctx.transport)
+    return audit
+
+
+def _install_model_check(ctx: Any, cfg: dict[str, Any], manifest: Any) -> Any:
+    """Without ``--audit``: the audit of the models a training client sends (``fc.train.model``,
+    ``fc.em.leaf``), no record written. It costs a search of a few kilobytes per PC (the
+    per-sample values of EM, megabytes, are left to ``--audit``); a finding fails the job, or,
+    with ``--audit-findings record``, is sent and the model's meta says so."""
+    from data_prep.shards import read_client
+    from mpifc.federated.assign import client_rank_map
+    from mpifc.fedpc.audit import SendAudit
+
+    n_servers = int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0
+    client_of = {r: c for c, r in client_rank_map(range(manifest.n_clients), n_servers).items()}
+    if ctx.rank not in client_of:
+        return None
+    audit = SendAudit(ctx.rank, findings=cfg.get("audit_findings") or "fail",
+                      who=f"client {client_of[ctx.rank]} (rank {ctx.rank})", payloads={"model_parameters"})
+    shard = read_client(cfg["dir"], client_of[ctx.rank])
+    real = [m == "real" for m in shard.meta_types]
+    for rows, what in ((shard.x_train, "train"), (shard.x_valid, "valid"), (shard.x_test, "test")):
+        audit.protect(rows, what, real=real, names=list(shard.features))
     audit.install(ctx.transport)
     return audit
 
@@ -316,12 +350,14 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
 
 
 def _finish_audit(ctx: Any, cfg: dict[str, Any], audit: Any) -> None:
-    """Every rank writes its audit file; then rank 0 merges them into ``audit-summary.json``."""
-    if audit is None:
+    """Every rank writes its audit file; then rank 0 merges them into ``audit-summary.json``
+    (nothing without ``--audit``)."""
+    if audit is None or not cfg.get("audit"):
         return
     from mpifc.fedpc.audit import merge
     from mpifc.runtime.outputs import shared_partial
 
+    audit.moment_coincidences = int(cfg.get("_moment_coincidences", 0))
     # Staged like every output: in place only if the whole job succeeds.
     d = Path(cfg["audit"])
     audit.write(d, ctx.outputs.stage(d / f"audit-rank{ctx.rank}.json", shared=True))

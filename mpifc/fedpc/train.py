@@ -211,13 +211,38 @@ def fit_client(plan: FederationPlan, index: int, data: ClientData, device: str |
 
 
 def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
-    t = ctx.transport
+    from mpifc.circuit.privacy import MomentGuard
+    from mpifc.federated.wire_format import set_release_guard
+
     times = dict.fromkeys(CLIENT_PHASES, 0.0)
     walls = dict.fromkeys(CLIENT_PHASES, 0.0)
     ctx.ledger.set_phase("declare")
     ctx.enter("read")
     with _clock(times, walls, "read"):
         data = read_client_data(cfg["dir"], index)
+        # every PC this rank sends: its Gaussian moments off the grid of values (k-rows rule)
+        guard = MomentGuard(client_rare_values(data.shard))
+    set_release_guard(guard)
+    try:
+        _client_job(ctx, cfg, index, data, times, walls)
+    finally:
+        set_release_guard(None)
+        cfg["_moment_coincidences"] = guard.coincidences  # for the audit report (mpifc.fedpc.job)
+
+
+def client_rare_values(shard: Any) -> np.ndarray:
+    """The values that fewer than k rows of a client's shard (training, validation and test
+    rows) hold in its real columns (:func:`mpifc.circuit.privacy.rare_values`)."""
+    from mpifc.circuit.privacy import rare_values
+
+    real = [j for j, m in enumerate(shard.meta_types) if m == "real"]
+    return rare_values(np.concatenate([shard.x_train, shard.x_valid, shard.x_test]), real)
+
+
+def _client_job(ctx: Any, cfg: dict[str, Any], index: int, data: ClientData, times: dict[str, float],
+                walls: dict[str, float]) -> None:
+    """The client's protocol after reading its shard (see :func:`_client`)."""
+    t = ctx.transport
     d = data.declaration
     t.send_obj({"index": d.index, "features": list(d.features), "meta_types": list(d.meta_types),
                 "n_categories": list(d.n_categories), "n_rows": d.n_rows, "ids_digest": d.ids_digest},
@@ -433,7 +458,8 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         # on GPUs records the same messages and bytes as one on CPUs
         "devices": devices,
     }
-    fc.meta.update(train=summary, codec=model_codec(manifest), **{SOURCES: recorded_sources(manifest)})
+    fc.meta.update(train=summary, codec=model_codec(manifest), privacy=privacy_record(cfg, plan),
+                   **{SOURCES: recorded_sources(manifest)})
     ctx.enter("write")
     progress.phase("writing the model")
     # Written beside its final path; in place only once every rank has finished (run_job).
@@ -450,6 +476,29 @@ def _progress(line: str) -> None:
         progress.say(line)
         return
     print(f"mpifc train: {line}", flush=True)
+
+
+def privacy_record(cfg: dict[str, Any], plan: FederationPlan | None = None) -> dict[str, Any]:
+    """What the model's meta says of privacy (docs/formats.md): ``k`` of the k-rows rule
+    (:mod:`mpifc.circuit.privacy`); what the audit checked (``"every message"`` with
+    ``--audit``, else ``"model messages"``: the PCs the clients sent); what a finding did:
+    ``"fail"`` (it would have stopped the job, so there was none) or ``"record"``
+    (``--audit-findings record``: findings were sent, and counted in the audit's files); and,
+    with ``--dp-epsilon``, ``dp``: the accounting of :func:`mpifc.federated.dp.accounting`, per
+    client from the plan's tasks."""
+    from mpifc.circuit.privacy import MIN_LEAF_ROWS
+
+    out: dict[str, Any] = {"k": MIN_LEAF_ROWS, "audit": "every message" if cfg.get("audit") else "model messages",
+                           "findings": cfg.get("audit_findings") or "fail"}
+    hp = cfg.get("hyperparameters") or {}
+    if hp.get("dp_epsilon") is not None and plan is not None:
+        from mpifc.federated.dp import DEFAULT_CLIP, accounting, client_sensitivity
+
+        clip = float(hp.get("dp_clip") or DEFAULT_CLIP)
+        sens = {c: client_sensitivity([[plan.meta_types[f] for f in t.features] for t in plan.tasks_for(c)], clip)
+                for c in sorted(plan.declarations)}
+        out["dp"] = accounting(float(hp["dp_epsilon"]), clip, sens, hp.get("dp_seed") is not None)
+    return out
 
 
 def model_codec(manifest: Any) -> dict[str, Any]:

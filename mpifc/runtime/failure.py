@@ -41,7 +41,8 @@ def env_rank() -> int | None:
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """2 for :class:`UserError`, 130 for Ctrl-C, the code of a SystemExit, 1 otherwise."""
+    """2 for :class:`UserError`, 130 for Ctrl-C, the code of a SystemExit, an error's own
+    ``exit_code`` (3: :class:`~mpifc.errors.PrivacyFinding`), 1 otherwise."""
     if isinstance(exc, UserError):
         return 2
     if isinstance(exc, KeyboardInterrupt):
@@ -49,7 +50,8 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, SystemExit):
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
-    return 1
+    code = getattr(exc, "exit_code", None)
+    return code if isinstance(code, int) and code > 0 else 1
 
 
 def error_line(exc: BaseException, rank: int | None) -> str:

@@ -11,6 +11,7 @@ import torch
 from mpifc.circuit import learnspn as L
 from mpifc.circuit.graph import LeafNode, ProductNode, SumNode, count_nodes, topological_order, validate
 from mpifc.circuit.learnspn import learn_spn
+from mpifc.circuit.privacy import MIN_LEAF_ROWS
 from mpifc.errors import UserError
 
 
@@ -145,25 +146,25 @@ def test_learned_model_beats_full_factorisation() -> None:
 
 
 def test_deep_structure_uses_queue_not_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A row splitter that peels off two rows at a time (the least a cluster may hold) makes the
-    learner ~400 levels deep."""
+    """A row splitter that peels off MIN_LEAF_ROWS rows at a time (the least a cluster may hold)
+    makes the learner ~300 levels deep."""
 
     def peel(features, method, n_clusters, seed, n_init=3):
         labels = np.zeros(len(features), dtype=np.int64)
-        labels[-2:] = 1
+        labels[-MIN_LEAF_ROWS:] = 1
         return labels
 
     monkeypatch.setattr(L, "split_rows", peel)
-    z = (np.arange(800) % 2).astype(np.float64)
+    z = (np.arange(300 * MIN_LEAF_ROWS) % 2).astype(np.float64)
     data = np.column_stack([z, z])  # one dependent pair: every level is a row split
     old = sys.getrecursionlimit()
-    sys.setrecursionlimit(200)  # far below the tree depth (~400 levels)
+    sys.setrecursionlimit(200)  # below the tree depth (~300 levels)
     try:
         root = L.learn_structure(data, ["discrete", "discrete"], L.LearnSPNParams(min_instances_slice=2))
     finally:
         sys.setrecursionlimit(old)
     validate(root)
-    assert isinstance(root, SumNode) and len(root.children) >= 350  # collapsed chain of sums
+    assert isinstance(root, SumNode) and len(root.children) >= 250  # collapsed chain of sums
 
 
 def test_min_instances_slice_controls_size() -> None:

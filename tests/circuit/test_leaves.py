@@ -149,13 +149,23 @@ def test_empty_leaf_keeps_parameters() -> None:
     assert float(b.params()["p"]) == 0.3
 
 
+def test_a_gaussian_with_less_than_k_rows_of_flow_keeps_its_parameters() -> None:
+    # fitted to one row (its flow ~1, everyone else's ~0) the mean would be that row's value
+    x = np.array([7.25, 0.1, -0.3, 0.2, 0.4, -0.1])
+    g = Gaussian(0.0, 1.0)
+    g.em_update(g.em_statistics(x, np.array([1.0, 1e-9, 1e-9, 1e-9, 1e-9, 1e-9])))
+    assert g.params()["mean"] == 0.0 and g.params()["var"] == 1.0
+    g.em_update(g.em_statistics(x[:5], np.full(5, 1.0)))  # k rows' worth: updated
+    assert g.params()["mean"] == pytest.approx(x[:5].mean())
+
+
 def test_variance_floor_and_ceiling() -> None:
     g = Gaussian.fit(np.full(10, 2.0), min_var=1e-4)
     assert float(g.params()["var"]) == 1e-4
     assert torch.isfinite(g.log_prob([2.0, 1e200])).all()
     g = Gaussian.fit(np.array([-100.0, 100.0]), min_var=1e-3, max_var=0.25)
     assert float(g.params()["var"]) == 0.25
-    g.em_update(g.em_statistics(np.array([5.0, 5.0])))
+    g.em_update(g.em_statistics(np.full(5, 5.0)))
     assert float(g.params()["var"]) == 1e-3
 
 

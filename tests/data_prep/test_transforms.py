@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from data_prep.preprocess import Preprocessor
-from data_prep.transforms import NormalScore, few_levels, from_levels, select_scale, to_levels
+from data_prep.transforms import MIN_ROWS, NormalScore, few_levels, from_levels, safe_median, select_scale, to_levels
 
 from .conftest import make_table
 
@@ -49,10 +49,37 @@ def test_a_far_out_value_stays_a_few_units_out():
 def test_a_repeated_value_maps_to_the_middle_of_its_block():
     from scipy.special import ndtri
 
-    x = np.array([0.0] * 6 + [1.0, 2.0, 3.0, 4.0])  # 0 holds rows 0..5 of 10: mid-rank 3 / 10
+    x = np.array([0.0] * 60 + list(np.arange(1.0, 41.0)))  # 0 holds rows 0..59 of 100: mid-rank 30 / 100
     ns = NormalScore.fit(x)
-    assert ns.forward(np.array([0.0]))[0] == pytest.approx(ndtri(0.3), abs=1e-15)
-    assert ns.forward(np.array([4.0]))[0] == pytest.approx(ndtri(0.95), abs=1e-15)
+    assert ns.forward(np.array([0.0]))[0] == pytest.approx(ndtri(0.3), abs=1e-12)
+    # knots are means of 5 consecutive values: 20 lies between two, near its quantile; the
+    # largest value, one row's, is no knot (it lands in the upper tail)
+    assert ns.forward(np.array([20.0]))[0] == pytest.approx(ndtri(0.795), abs=0.01)
+    assert ns.x[-1] < 40.0 < ns.inverse(np.array([3.0]))[0]
+
+
+def test_no_knot_level_or_imputed_value_is_a_value_fewer_than_k_rows_hold():
+    # integer-valued: the mean of five consecutive values is often one of them, or another's
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.integers(1, 400, 300), np.full(40, 0.5), np.full(7, 500.0)]).astype(float)
+    lattice = np.arange(-100.0, 600.0, 0.5)
+    for n_knots in (256, 32):
+        ns = NormalScore.fit(x, n_knots=n_knots)
+        assert ns.x.size <= min(n_knots, x.size // MIN_ROWS) and np.all(np.diff(ns.x) > 0) and np.all(np.diff(ns.z) > 0)
+        assert not np.isin(ns.x, lattice).any()  # no value, nor any point of the values' grid
+        assert not np.isin(ns.forward(x), ns.z).any()  # no row maps onto a knot
+    # the knots are no chain of pairs of values: each is the mean of five values no other knot uses
+    assert NormalScore.fit(np.arange(9.0)) is None and NormalScore.fit(np.arange(10.0)).x.size == 2
+    # levels: only values k rows hold; a rarer one is read as its nearest level
+    col = np.array([0.0] * 30 + [1.0] * 9 + [2.0] * 4 + [7.0])
+    levels = few_levels(col, 32)
+    assert levels.tolist() == [0.0, 1.0]
+    assert to_levels(np.array([2.0, 7.0]), levels).tolist() == [1.0, 1.0]
+    assert few_levels(np.array([1.0, 2.0, 3.0]), 32) is None  # no value held k times: no levels
+    # the median of a column, unless fewer than k rows hold it: then a point in the gap above
+    assert safe_median(np.array([1.0] * 5 + [2.0] * 6)) == 2.0
+    m = safe_median(np.array([1.0, 2.0, 3.0, 4.0, 5.0, np.nan]))
+    assert 3.0 < m < 4.0 and m not in (3.5,)
 
 
 def test_log_derivative_is_the_slope_between_knots_and_in_the_tails():
@@ -72,8 +99,8 @@ def test_levels_read_a_value_as_its_nearest_level_and_give_levels_back_exactly()
     np.testing.assert_array_equal(codes[:-1], [0, 1, 3, 0, 2, 2, 3, 0, 3])  # ties: the lower level
     assert np.isnan(codes[-1])
     np.testing.assert_array_equal(from_levels(codes[:3], levels), v[:3])
-    assert few_levels(np.array([1.0, 2.0, 2.0, np.nan, 3.0]), 3).tolist() == [1.0, 2.0, 3.0]
-    assert few_levels(np.array([1.0, 2.0, 3.0, 4.0]), 3) is None and few_levels(levels, 0) is None
+    assert few_levels(np.array([1.0, 2.0, 2.0, np.nan, 3.0]), 3, k=1).tolist() == [1.0, 2.0, 3.0]
+    assert few_levels(np.array([1.0, 2.0, 3.0, 4.0]), 3, k=1) is None and few_levels(levels, 0) is None
 
 
 def test_the_scale_is_chosen_on_validation_rows_heavy_tails_normal_score_a_gaussian_standardize():

@@ -15,7 +15,7 @@ import pytest
 from sklearn.tree import DecisionTreeClassifier
 
 from mpifc.federated import cart
-from mpifc.federated.fcdt import TreeClassifier
+from mpifc.federated.fcdt import TreeClassifier, off_value_thresholds
 
 
 def _problem(rng: np.random.Generator, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,18 +92,29 @@ def test_tree_classifier_fits_the_estimators_model(seed: int) -> None:
     x = np.column_stack([rng.normal(size=(n, 5)) + y[:, None], np.round(rng.normal(size=n)), y])
     got = TreeClassifier.fit(x, 6, k, seed)
     want = _tree_classifier_by_estimator(x, 6, k, seed)
-    for name in ("left", "right", "feature", "threshold", "probs"):
-        assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
+    _same_tree_off_the_values(got, want, x)
     # missing values: the estimator's own handling (it routes them), same model as before
     x[::7, 2] = np.nan
     got = TreeClassifier.fit(x, 6, k, seed)
     want = _tree_classifier_by_estimator(x, 6, k, seed)
-    for name in ("left", "right", "feature", "threshold", "probs"):
+    _same_tree_off_the_values(got, want, x)
+
+
+def _same_tree_off_the_values(got: TreeClassifier, want: TreeClassifier, x: np.ndarray) -> None:
+    """The estimator's tree, its thresholds moved into the gaps between the rows' values
+    (off_value_thresholds): the same routes for every training row, no threshold on a value."""
+    for name in ("left", "right", "feature", "probs"):
         assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
+    xs = np.delete(x, 6, axis=1)
+    assert got.threshold.tobytes() == off_value_thresholds(xs, want.left, want.feature, want.threshold).tobytes()
+    assert np.array_equal(got.class_probs(x), want.class_probs(x))
+    inner = want.left >= 0
+    assert not np.isin(got.threshold[inner], xs).any()
+    assert np.any(got.threshold[inner] != want.threshold[inner])
 
 
 def test_fitting_a_tree_does_not_import_scikit_learn() -> None:
-    code = ("import sys, numpy as np; from mpifc.federated.fcdt import TreeClassifier; "
+    code = ("import sys, numpy as np; from mpifc.federated.fcdt import TreeClassifier, off_value_thresholds; "
             "x = np.random.default_rng(0).normal(size=(200, 5)); x[:, 4] = x[:, 0] > 0; "
             "TreeClassifier.fit(x, 4, 2, 0); "
             "print(sorted(m for m in ('sklearn', 'scipy', 'pandas', 'torch') if m in sys.modules))")

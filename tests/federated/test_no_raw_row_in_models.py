@@ -1,5 +1,7 @@
-"""No leaf is learned from a single row: the model a client sends never holds one of its rows
-(the audit's ``contains_raw_row``), where k-means isolates an outlier or a class has one row."""
+"""No leaf is learned from fewer than k = 5 rows (MIN_LEAF_ROWS): the model a client sends never
+holds one of its rows (the audit's ``contains_raw_row``), where k-means isolates an outlier or a
+class has a handful of rows.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -21,20 +23,20 @@ def _holds_a_row(blob: bytes, x: np.ndarray) -> bool:
     return any(row.tobytes() in blob for row in x)
 
 
-def test_absorb_merges_singletons_into_the_nearest_cluster():
-    feats = np.array([[0.0], [0.1], [5.0], [5.1], [9.0], [0.2]])
-    labels = np.array([0, 0, 1, 1, 2, 0])
+def test_absorb_merges_clusters_of_fewer_than_k_rows_into_the_nearest_one():
+    feats = np.array([[0.0], [0.1], [0.2], [0.3], [0.4], [5.0], [5.1], [5.2], [5.3], [5.4], [9.0], [0.5], [6.0]])
+    labels = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 0, 3])
     out = absorb_small_clusters(feats, labels)
-    assert out.tolist() == [0, 0, 1, 1, 1, 0]
-    assert np.bincount(out).min() >= MIN_LEAF_ROWS
-    assert absorb_small_clusters(feats, np.array([0, 0, 1, 1, 1, 0])).tolist() == [0, 0, 1, 1, 1, 0]
-    assert absorb_small_clusters(feats[:1], np.array([0])).tolist() == [0]
+    assert out.tolist() == [0] * 5 + [1] * 5 + [1, 0, 1]
+    assert np.bincount(out).min() >= MIN_LEAF_ROWS == 5
+    assert absorb_small_clusters(feats[:10], labels[:10]).tolist() == labels[:10].tolist()
+    assert absorb_small_clusters(feats[:7], np.array([0, 0, 0, 1, 1, 1, 1])).tolist() == [0] * 7  # none has k
 
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_a_clients_sent_pcs_hold_no_raw_row(k):
-    # a vertical client whose k-means puts the outlier in a cluster of its own: before, that
-    # cluster's PC (one row, every leaf's mean one of its values) carried the row to the server
+    # a vertical client whose k-means puts the outlier in a cluster of its own: that cluster's PC
+    # (one row, every leaf's mean one of its values) would carry the row to the server
     x = _table(0)
     decls = [ClientDeclaration(c, (f"x{2 * c}", f"x{2 * c + 1}"), ("real", "real"), (0, 0), len(x), "ids")
              for c in range(2)]
@@ -57,6 +59,6 @@ def test_a_class_of_one_row_learns_no_pc_of_its_own():
     assert not _holds_a_row(model_to_bytes(spn), xy)
 
 
-def test_one_pass_clusters_have_two_rows_or_more():
+def test_one_pass_clusters_have_k_rows_or_more():
     labels = cluster_rows(_table(0), 4, seed=0)
     assert np.bincount(labels).min() >= MIN_LEAF_ROWS

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from mpifc.circuit.privacy import MIN_LEAF_ROWS
 from mpifc.errors import UserError
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -189,7 +190,9 @@ class GaussianLeaf(LeafFamily):
 
     def m_step(self, stats: dict[str, torch.Tensor], step_size: float) -> None:
         n = stats["n"]
-        ok = n > 1e-12
+        # Fewer than k rows' worth of responsibility: the component keeps its mean and variance
+        # (fitted to those rows it would be nearly their values; mpifc.circuit.privacy).
+        ok = n >= MIN_LEAF_ROWS
         safe_n = torch.where(ok, n, torch.ones_like(n))
         mean_old, var_old = self.params["mean"], self.params["var"]
         mean_new = torch.where(ok, stats["s1"] / safe_n, mean_old)

@@ -10,6 +10,7 @@ from mpifc.circuit.lazy import torch  # imported on first use: numpy paths never
 
 from mpifc.circuit.leaves.base import (_BIG, _LOG_2PI, LOG_ZERO, MIN_FLOW, Leaf, Params, _clean_values, _finish, _flow,
                                        _mix, _np_finish, bad_value)
+from mpifc.circuit.privacy import MIN_LEAF_ROWS
 from mpifc.errors import UserError
 
 
@@ -89,7 +90,9 @@ class Gaussian(Leaf):
     @classmethod
     def batch_m_step(cls, P: Params, stats: dict[str, torch.Tensor], step_size: float) -> Params:
         N = stats["N"]
-        ok = N > MIN_FLOW
+        # A component with fewer than k rows' worth of flow keeps its mean and variance: fitted
+        # to those rows, it would be (nearly) their values (mpifc.circuit.privacy).
+        ok = N >= max(MIN_FLOW, MIN_LEAF_ROWS)
         Ns = torch.where(ok, N, torch.ones_like(N))
         m1 = stats["S1"] / Ns
         var = (stats["S2"] / Ns - m1 * m1).clamp_min(0.0)
