@@ -273,7 +273,6 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
         ranks = client_rank_map(range(manifest.n_clients), n_servers)
     client_of = {r: c for c, r in ranks.items()}
     who = f"client {client_of[ctx.rank]} (rank {ctx.rank})" if ctx.rank in client_of else f"rank {ctx.rank}"
-    Path(cfg["audit"]).mkdir(parents=True, exist_ok=True)
     audit = SendAudit(ctx.rank, allowed, findings=cfg.get("audit_findings") or "fail", directory=cfg["audit"],
                       who=who)
     if ctx.rank in client_of:
