@@ -40,6 +40,8 @@ class StagedOutputs:
         done = []
         for partial, final, key in self._files:
             if partial.exists():
+                if self.node is not None:
+                    self.node.committing(partial, final)  # undone if the job still fails
                 os.replace(partial, final)
                 done.append(final)
             if key is not None:
