@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import add_liveness_argument, add_output_arguments
+from mpifc.cli.common import add_deadline_argument, add_liveness_argument, add_output_arguments
 from mpifc.cli.train import FAMILIES
 
 
@@ -25,7 +25,7 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                         "average over the repeated rows)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_deadline_argument(p)
     add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     add_output_arguments(p, "the metrics (rank 0)")

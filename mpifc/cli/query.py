@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifc.cli.common import add_liveness_argument, add_output_arguments
+from mpifc.cli.common import add_deadline_argument, add_liveness_argument, add_output_arguments
 from mpifc.errors import UserError
 
 QUESTIONS = ("ll", "predict", "mpe", "sample", "marginal")
@@ -57,7 +57,7 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer with the distributed passes over the circuit's ranks (run under mpiexec)")
     p.add_argument("--ledger", default=None, metavar="FILE", help="--distributed: per-message ledger CSV")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per pass")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send or receive may wait")
+    add_deadline_argument(p)
     add_liveness_argument(p)
     add_output_arguments(p, "the summary")
 

@@ -9,7 +9,7 @@ import argparse
 import functools
 from typing import Any
 
-from mpifc.cli.common import add_liveness_argument, add_output_arguments, comma_ints, parse_kv
+from mpifc.cli.common import add_deadline_argument, add_liveness_argument, add_output_arguments, comma_ints, parse_kv
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.defaults import PRESETS, RULE_HELP
@@ -70,7 +70,7 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--em-iters", type=int, default=None,
                    help="EM iterations for --refine em (>= 1; default 5, or 10 under the class glue's EM)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_deadline_argument(p)
     add_liveness_argument(p)
     p.add_argument("--audit", default=None, help="directory for per-rank privacy-audit JSON")
     add_output_arguments(p, "the summary (rank 0)")

@@ -69,7 +69,7 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
     return cfg
 
 
-def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+def train(cfg: dict[str, Any], *, deadline: float | None = None, ledger: str | None = None,
           liveness: float = DEFAULT_LIMIT_S, on_summary: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
 
@@ -78,7 +78,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
             ``products``, ``seed``, ``hyperparameters``, ``model``, ``assign``, ``servers``,
             ``audit``, ``refine``, ``em_iters``, ``em_initial_model``, ``exclusive_timing``,
             ``json``), as :func:`mpifc.cli.train.train_config` builds them.
-        deadline: seconds any single send or receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None (see :func:`mpifc.runtime.job.run_job`).
         ledger: where rank 0 writes the per-message ledger CSV.
         liveness: seconds a rank may show no sign of life before the job ends naming it.
         on_summary: called on rank 0 with the training summary once every rank is done (it adds
@@ -133,7 +133,7 @@ def _evaluate_job(ctx: Any) -> int:
     return 0
 
 
-def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+def evaluate(cfg: dict[str, Any], *, deadline: float | None = None, ledger: str | None = None,
              liveness: float = DEFAULT_LIMIT_S, on_result: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Evaluate a trained FC (distributed or gathered) as an MPI job; returns the exit code.
 
@@ -141,7 +141,7 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
         cfg: the settings (``dir``, ``model``, ``distributed``, ``evidence``, ``batch``,
             ``output_npz``, ``audit``, ``query_rows``, ``query``, ``n_samples``, ``seed``,
             ``out``), as :func:`mpifc.cli.evaluate.evaluate_config` builds them.
-        deadline: seconds any single send or receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None (see :func:`mpifc.runtime.job.run_job`).
         ledger: where rank 0 writes the per-message ledger CSV.
         liveness: seconds a rank may show no sign of life before the job ends naming it.
         on_result: called on rank 0 with the metrics (with the query's bytes and messages from the
@@ -222,7 +222,7 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
 
 
 # -- query ---------------------------------------------------------------------------------------
-def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledger: str | None = None,
+def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float | None = None, ledger: str | None = None,
           liveness: float = DEFAULT_LIMIT_S) -> int:
     """Answer a user's rows with the distributed passes (``mpifc query --distributed``); returns
     the exit code. The answer lands in ``cfg["_answer"]`` on rank 0.
@@ -232,7 +232,7 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
             :func:`mpifc.fedpc.user_query.query_rank`).
         load_rows: called on rank 0 only, inside the job: returns the ``(n, D)`` model rows (it
             reads and encodes the user's file, so only the querier ever sees it).
-        deadline: seconds any single send or receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None (see :func:`mpifc.runtime.job.run_job`).
         ledger: where rank 0 writes the per-message ledger CSV.
     """
     from mpifc.federated.serialize import load_fc

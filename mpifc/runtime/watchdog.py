@@ -16,6 +16,12 @@ transport goes on waiting by polling from Python with sleeps. (Sends and barrier
 cancelled: the transport never waits for them inside MPI.)
 
 Arming and disarming are one attribute store each: no lock on the message path.
+
+Waits polled from Python (sends, barriers, a header wait past its soft limit, the query passes'
+waits for several peers) sleep between polls with :func:`backoff`: doubling up to a couple of
+milliseconds, then, once the wait has lasted, up to 2 % of the time already waited (at most 20
+ms): a peer computing for seconds costs the waiting rank some 50 polls a second, not 500, for
+at most 2 % more latency.
 """
 from __future__ import annotations
 
@@ -28,6 +34,19 @@ from typing import Any, Callable
 PERIOD_S = 0.05  # how often the watchdog looks: the precision of deadlines and soft limits (a long
                  # wait spins inside MPI for up to spin_s + PERIOD_S before it sleeps)
 GRACE_S = 2.0    # after cancelling, how long before a still-blocked wait aborts the job
+
+LONG_WAIT_SHARE = 0.02
+"""A long polled wait sleeps at most this share of the time it has already waited..."""
+LONG_WAIT_MAX_SLEEP_S = 0.02
+"""...and at most this long between two polls."""
+
+
+def backoff(sleep: float, waited: float, max_sleep_s: float) -> float:
+    """The next sleep between two polls of a wait that has lasted ``waited`` seconds, after one
+    of ``sleep``: doubling up to ``max_sleep_s``, then up to :data:`LONG_WAIT_SHARE` of ``waited``
+    (at most :data:`LONG_WAIT_MAX_SLEEP_S`)."""
+    return min(2.0 * sleep, max(max_sleep_s, min(LONG_WAIT_SHARE * waited, LONG_WAIT_MAX_SLEEP_S)))
+
 
 _guards: "weakref.WeakSet[WaitGuard]" = weakref.WeakSet()
 _lock = threading.Lock()
