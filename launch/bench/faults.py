@@ -4,6 +4,7 @@ Run (from the repo root, venv python)::
 
     python launch/bench/faults.py [--liveness 3] [--parallel 3] [--moments 10] [--out faults.csv]
     python launch/bench/faults.py --sample          # the few cells tests/reliability runs
+    python launch/bench/faults.py --jobs train --targets "rank 1,mpiexec" --when up,final
 
 The jobs: ``mpiexec -n 3`` (a server and two clients on breast-cancer shards, ``--learner
 factorized``) running ``mpifc train``, ``mpifc evaluate --distributed`` and ``mpifc query
@@ -28,10 +29,11 @@ How a cell must end (``ok``):
   at its final path nor partial file beside it; no ``/dev/shm`` file the job's MPI mapped, no
   node folder and no process of the job left a few seconds after ``mpiexec`` ended;
 * or, where the signal does not end the job (SIGTERM and SIGINT to the daemon, which hydra
-  ignores), succeeded, cleanly: exit code 0, no ``mpifc:`` line, every output in place, nothing
-  else left.
+  ignores), succeeded, cleanly, however long the rest of the job took: exit code 0, no
+  ``mpifc:`` line, every output in place, nothing else left.
 
-A signal that finds its process gone (the job had ended) is counted ``missed``, not run.
+A signal that finds its process gone or done (a rank that marked its normal end and is exiting,
+a daemon with no rank left, an ``mpiexec`` with no daemon left) is counted ``missed``, not run.
 Printed: the table of failed cells, then per job and target the runs, hangs (no end within
 ``liveness + 5`` s), the worst end time, misnamed runs and runs with leftovers; the load
 average beside the figures. The exit status is 0 only if every cell is ok.
@@ -328,7 +330,7 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
             while pid is None and proc.poll() is None:  # a rank not started yet: send as it appears
                 time.sleep(0.002)
                 pid = procs.pid_of(target)
-            if pid is not None and alive(pid):
+            if pid is not None and alive(pid) and not _done(target, procs):
                 os.kill(pid, getattr(signal, f"SIG{fault}"))
                 fault_at = time.monotonic()
         if fault_at is None:
@@ -357,6 +359,18 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
     cell.leftovers += _leftovers(procs, log, out, finals, success=(target, fault) in IGNORED)
     cell.ok = cell.injected and not cell.missed and _ended_well(cell, liveness)
     return cell
+
+
+def _done(target: str, procs: JobProcesses) -> bool:
+    """Whether ``target`` has done its part of the job (a signal then comes after the job): a
+    rank has marked its normal end (it is exiting), the daemon has no rank left, mpiexec no
+    daemon left."""
+    if target.startswith("rank "):
+        folder = procs.folder()
+        return folder is not None and (folder / f"rank-{target.split()[1]}.end").exists()
+    if target == "hydra_pmi_proxy":
+        return len(procs.ranks) == N_RANKS and not any(alive(p) for p in procs.ranks.values())
+    return procs.proxy is not None and not alive(procs.proxy)
 
 
 def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], success: bool) -> list[str]:
@@ -393,10 +407,10 @@ def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], su
 
 
 def _ended_well(c: Cell, liveness: float) -> bool:
+    if (c.target, c.fault) in IGNORED:  # the job goes on as if nothing happened
+        return c.exit == 0 and c.lines == 0 and not c.leftovers
     if c.seconds is None or c.seconds > liveness + 5.0 or c.leftovers:
         return False
-    if (c.target, c.fault) in IGNORED:
-        return c.exit == 0 and c.lines == 0
     if c.exit in (0, None) or c.lines != 1 or not c.named:
         return False
     if c.target in ("mpiexec", "hydra_pmi_proxy") and c.fault in ("INT", "TERM"):
@@ -443,10 +457,13 @@ def run_cells(specs: list[tuple[str, str, str, str]], work: Path, liveness: floa
         return list(pool.map(lambda s: run_cell(*s, files, work, liveness, spans[s[0]]), specs))
 
 
-def full_specs(n_moments: int) -> list[tuple[str, str, str, str]]:
-    specs = [(job, target, sig, m) for job in JOBS for target in TARGETS for sig in SIGNALS for m in moments(n_moments)]
-    specs += [("evaluate" if ph == "query" else "train", f"rank {INJECTED[f][0]}", f, ph)
-              for ph in PHASES for f in INJECTED]
+def full_specs(n_moments: int, jobs=JOBS, targets=TARGETS, signals=SIGNALS, when=None,
+               injected: bool = True) -> list[tuple[str, str, str, str]]:
+    specs = [(job, target, sig, m) for job in jobs for target in targets for sig in signals
+             for m in (when or moments(n_moments))]
+    if injected:
+        specs += [("evaluate" if ph == "query" else "train", f"rank {INJECTED[f][0]}", f, ph)
+                  for ph in PHASES for f in INJECTED if ("evaluate" if ph == "query" else "train") in jobs]
     return specs
 
 
@@ -465,7 +482,8 @@ def summary(cells: list[Cell], liveness: float) -> str:
     for (job, target), cs in list(groups.items()) + [(("all", ""), cells)]:
         r = [c for c in cs if not c.missed]
         worst = max((c.seconds for c in r if c.seconds is not None), default=float("nan"))
-        hangs = sum(1 for c in r if c.seconds is None or c.seconds > liveness + 5.0)
+        hangs = sum(1 for c in r if (c.seconds is None or c.seconds > liveness + 5.0)
+                    and not ((c.target, c.fault) in IGNORED and c.exit == 0))
         lines.append(f"{job:9s} {target:16s} {len(r):5d} {len(cs) - len(r):6d} {hangs:5d} {worst:8.2f} "
                      f"{sum(1 for c in r if not c.named and (c.target, c.fault) not in IGNORED):8d} "
                      f"{sum(1 for c in r if c.lines != (0 if (c.target, c.fault) in IGNORED else 1)):10d} "
@@ -487,6 +505,11 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=3, help="jobs at a time")
     ap.add_argument("--moments", type=int, default=10, help="moments per job, target and signal (>= 3)")
     ap.add_argument("--sample", action="store_true", help="only the sample of cells that tests/reliability runs")
+    ap.add_argument("--jobs", default=",".join(JOBS), help="jobs to run (comma-separated)")
+    ap.add_argument("--targets", default=",".join(TARGETS), help="processes to signal (comma-separated)")
+    ap.add_argument("--signals", default=",".join(SIGNALS), help="signals to send (comma-separated)")
+    ap.add_argument("--when", default=None, help="moments instead of --moments (comma-separated, e.g. up,final)")
+    ap.add_argument("--no-injected", action="store_true", help="signal cells only")
     ap.add_argument("--work", default=None, help="working folder (default: a new temp folder)")
     ap.add_argument("--out", default=None, help="CSV of every cell")
     args = ap.parse_args()
@@ -495,7 +518,10 @@ def main() -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mpifc-faults-"))
     t0 = time.time()
     load0 = os.getloadavg()[0]
-    specs = sample_specs() if args.sample else full_specs(args.moments)
+    split = lambda text: [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
+    specs = sample_specs() if args.sample else full_specs(
+        args.moments, split(args.jobs), split(args.targets), split(args.signals),
+        split(args.when) if args.when else None, not args.no_injected)
     cells = run_cells(specs, work, args.liveness, args.parallel)
     print(failed_table(cells))
     print(summary(cells, args.liveness))

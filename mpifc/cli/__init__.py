@@ -149,15 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     _take_signals()
     try:
         args = parse_args(argv)
-        return int(resolve_handler(args.command)(args) or 0)
+        code = int(resolve_handler(args.command)(args) or 0)
     except SystemExit as e:
         # argparse's own errors and --help: every rank parsed the same argv, so all exit alike.
         if e.code in (None, 0) or not _mpi_running_multi():
             raise
         _abort(e)
+        return 1
     except BaseException as e:  # noqa: BLE001 - any failure must end the whole job
         _abort(e)
-    return 1
+        return 1
+    _signals.leave(code)  # under a launcher: MPI_Finalize, the end mark, and the exit at once
+    return code
 
 
 def _take_signals() -> None:

@@ -190,7 +190,10 @@ def query_main(args: argparse.Namespace) -> int:
         raw = _answer_one_process(fc, rows, args.what, target, args.seed, args.batch)
         mode = "one process"
     header, lines, summary = _answer_table(fc, args.what, target, rows, row_no, raw, given)
-    _write_csv(args.out, header, lines)
+    from mpifc.runtime.outputs import after_job
+
+    with after_job(args.out):  # removed again if the job still fails before this rank ends
+        _write_csv(args.out, header, lines)
     summary.update({"what": args.what, "rows": int(len(np.unique(row_no))), "answers": len(lines),
                     "out": str(args.out), "mode": mode, "model": str(args.model), "data": str(args.data)})
     if args.json:

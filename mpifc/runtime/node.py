@@ -176,7 +176,6 @@ class NodeView:
             _write_atomic(view._me, str(os.getpid()))
         except OSError:
             return None
-        _end_at_exit(view)
         return view
 
     def begin_job(self, limit_s: float) -> None:
@@ -272,14 +271,24 @@ class NodeView:
             pass
 
     def committing(self, partial: Path, final: Path) -> None:
-        """Note that ``partial`` is about to be renamed to ``final``: if the job fails after all
-        (a rank frozen or killed before the job ends), the sentinel removes ``final`` again, as
-        long as it is still this file (same device and inode)."""
+        """Note that ``partial`` is about to be renamed to ``final`` (or, ``partial`` = ``final``,
+        that ``final`` was just written): if the job fails after all (a rank frozen or killed
+        before the job ends), the sentinel removes ``final`` again, as long as it is still this
+        file (same device and inode)."""
         self._commits += 1
         try:
             st = os.stat(partial)
             _write_atomic(self.folder / f"commit-{self.rank}-{self._commits}",
                           f"{Path(final).resolve()}\t{st.st_dev}\t{st.st_ino}")
+        except OSError:
+            pass
+
+    def writing(self, final: Path) -> None:
+        """Note that ``final`` is being written in place (atomically, through temp files beside
+        it): the sentinel removes those temp files if the job fails."""
+        self._stages += 1
+        try:
+            _write_atomic(self.folder / f"temps-{self.rank}-{self._stages}", str(Path(final).resolve()))
         except OSError:
             pass
 
@@ -393,21 +402,6 @@ class NodeView:
             if time.monotonic() >= until:
                 return False
             time.sleep(0.02)
-
-
-def _end_at_exit(view: NodeView) -> None:
-    """At the process's normal exit, after ``MPI_Finalize`` (which waits for the other ranks),
-    mark this rank's end for the node sentinel: a rank frozen or killed before then fails the
-    job, and its outputs are removed. A failing rank leaves without it (``os._exit``)."""
-    import atexit
-
-    def end() -> None:
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            mpi.Finalize()
-        view.end()
-
-    atexit.register(end)
 
 
 def join_early(argv: list[str], default_limit_s: float) -> "NodeView | None":

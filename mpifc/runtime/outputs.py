@@ -11,8 +11,9 @@ sentinel (:mod:`mpifc.runtime.sentinel`), to which each one is registered.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 class StagedOutputs:
@@ -59,6 +60,21 @@ class StagedOutputs:
             if key is not None:
                 self.node.unstage(key)
         self._files.clear()
+
+
+@contextmanager
+def after_job(path: str | os.PathLike) -> Iterator[None]:
+    """Around writing an output after the job's outputs were put in place (e.g. the answer of
+    ``mpifc query --distributed``, built from the job's result): if the job still fails before
+    this rank ends, the node sentinel removes the file and its temp files."""
+    from mpifc.runtime import node
+
+    view = node.current()
+    if view is not None:
+        view.writing(Path(path))
+    yield
+    if view is not None:
+        view.committing(Path(path), Path(path))
 
 
 _current: StagedOutputs | None = None

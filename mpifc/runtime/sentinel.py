@@ -22,7 +22,8 @@ library and starts in a few tens of milliseconds. It reads the node folder the r
 running), ``rank-R.final`` (heartbeats stopped), ``rank-R.end`` (a normal end, written after
 ``MPI_Finalize``); ``said``: the one line that ends the job has been written (see
 :func:`claim`); ``abort``: the job reported its own failure; ``stage-R-N``: a partial output file;
-``commit-R-N``: an output renamed into place; ``shm-R``: the shared-memory files MPI mapped),
+``commit-R-N``: an output renamed into place (or written after the job's end); ``temps-R-N``: an
+output being written in place, whose temp files go if the job fails; ``shm-R``: the shared-memory files MPI mapped),
 writes ``watching`` once it watches every rank of the node (the ranks wait for that before they
 start MPI), and acts on what it sees:
 
@@ -133,11 +134,16 @@ def said_code(folder: str, wait_s: float = 0.5) -> int | None:
 
 def remove_partial(target: str) -> None:
     """Remove a partial output file and the temp files an atomic write of it left beside it."""
-    folder, name = os.path.split(target)
     try:
         os.unlink(target)
     except OSError:
         pass
+    remove_temps(target)
+
+
+def remove_temps(target: str) -> None:
+    """Remove the temp files an atomic write of ``target`` left beside it (not ``target``)."""
+    folder, name = os.path.split(target)
     try:
         names = os.listdir(folder or ".")
     except OSError:
@@ -236,7 +242,8 @@ class Sentinel:
         self.started = time.monotonic()
         self.watched: dict[int, Watched] = {}
         self.registered: set[int] = set()
-        self.launchers = [Watched(-1, pid, name) for name, pid in (launchers or []) if not gone(pid)]
+        # (one already gone, e.g. killed while this process started, is handled as it ends)
+        self.launchers = [Watched(-1, pid, name) for name, pid in (launchers or [])]
         self.failed = False
         self.kill_at = 0.0
         self.released = False  # standard error let go of (see finished)
@@ -399,7 +406,10 @@ class Sentinel:
             self.end_job()
             return
         running = [r for r, x in self.watched.items() if not x.ended and not self.has(f"rank-{r}.end")]
-        if running or len(self.watched) < self.local_ranks:
+        # mpiexec ends after its daemon, which ends after the ranks: mpiexec gone while its daemon
+        # still runs was killed, and reports a failure even if the ranks are done.
+        daemon_left = w is not self.launchers[0] and not self.launchers[0].ended and not self.launchers[0].gone()
+        if running or len(self.watched) < self.local_ranks or daemon_left:
             if self.reported():
                 self.end_job(REPORTED_GRACE_S)
                 return
@@ -485,6 +495,8 @@ class Sentinel:
                     remove_partial(target)
             elif failed and name.startswith("commit-"):
                 remove_committed(_read(self.path(name)) or "")
+            elif failed and name.startswith("temps-"):
+                remove_temps((_read(self.path(name)) or "").strip())
             elif name.startswith("shm-"):
                 for seg in (_read(self.path(name)) or "").split("\n"):
                     if seg.startswith("/dev/shm/") and "/" not in seg[9:]:

@@ -2,103 +2,73 @@
 
 Python runs a signal handler only in the main thread, between two bytecodes: a rank waiting
 inside MPI or in a long native call would see a Ctrl-C late, and every rank would then report
-its own ``KeyboardInterrupt``. So a rank in a job (:func:`mpifc.runtime.job.run_job`) takes
-these signals on a thread of its own: the C-level handler writes the signal's number to a
-pipe (:func:`signal.set_wakeup_fd`) at once, whatever the main thread does, and the thread
-acts on it:
+its own ``KeyboardInterrupt``. So a rank started by a launcher takes these signals on a thread
+of its own, from the moment the ``mpifc`` command is imported (:mod:`mpifc.cli`): they are
+blocked in the main thread, and so in every thread started after it, and the signal thread
+takes them with :func:`signal.sigwaitinfo`, which also says who sent them:
 
-* SIGINT, SIGTERM: the rank notes the signal in the node folder, waits a moment for the other
-  ranks of the node to note theirs, then says one line and ends the job with the shell's code
-  for the signal (130, 143). When every rank of the node got the signal (Ctrl-C on ``mpiexec``,
-  ``mpiexec`` or a batch system passing SIGTERM on), the line names the job::
+* SIGINT, SIGTERM from the launcher's daemon (Ctrl-C on ``mpiexec``, ``mpiexec`` or a batch
+  system passing a signal on to every rank): one line for the whole job, exit codes 130 and 143::
 
       mpifc: interrupted (SIGINT to the whole job, e.g. Ctrl-C); ending the job
 
-  when one rank got it, the line names that rank::
+* SIGINT, SIGTERM from any other process (a ``kill`` aimed at one rank)::
 
-      mpifc: rank 2 received SIGTERM; ending the job
+      mpifc: rank 2 received SIGTERM (from process 4711); ending the job
 
 * SIGUSR1 from a peer that has said the line ending the job (:mod:`mpifc.runtime.failure`):
   the rank removes its partial outputs and exits with that line's code, so every rank of the
   job exits with one code and the launcher reports it (no rank killed, no second line).
+
+The line is said once per job (:func:`mpifc.runtime.sentinel.claim`). A process the rank starts
+inherits the blocked signals; the node sentinel, the only one, unblocks them.
 """
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
-from typing import Any
 
 from mpifc.runtime.launcher import env_rank  # noqa: F401 - for the CLI, which takes the signals first
 
-SCOPE_WAIT_S = 0.3
-"""How long a signalled rank waits for the other ranks of its node to note the same signal."""
+HANDLED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
 NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 _installed: "SignalThread | None" = None
-
-
-def _ignore(signum: int, frame: Any) -> None:
-    """The main thread's handler: the signal thread acts (the main thread must not raise
-    KeyboardInterrupt in the middle of the work)."""
+_received = 0  # SIGINT or SIGTERM taken (the job is ending)
 
 
 class SignalThread:
-    """The thread that acts on SIGINT, SIGTERM and SIGUSR1 for one rank (see the module docstring).
+    """The thread that takes SIGINT, SIGTERM and SIGUSR1 for one rank (see the module docstring).
 
     Args:
-        rank: this rank, as the launcher numbered it (None: a single process).
+        rank: this rank, as the launcher numbered it.
     """
 
-    def __init__(self, rank: int | None) -> None:
+    def __init__(self, rank: int) -> None:
         self.rank = rank
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._w, False)
-        self._old: dict[int, Any] = {}
-        self._old_fd = -1
 
     def install(self) -> bool:
-        """Take the signals (main thread only); False where that is not possible."""
+        """Block the signals in this (the main) thread and start taking them; False where that
+        is not possible (not the main thread)."""
         if threading.current_thread() is not threading.main_thread():
             return False
-        try:
-            self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-                self._old[s] = signal.signal(s, _ignore)
-        except (ValueError, OSError):
-            return False
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         threading.Thread(target=self._run, name="mpifc-signals", daemon=True).start()
         return True
-
-    def uninstall(self) -> None:
-        """Give the signals back (a job run inside a longer-lived process, e.g. a test)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for s, old in self._old.items():
-            try:
-                signal.signal(s, old if old is not None else signal.SIG_DFL)
-            except (ValueError, OSError):
-                pass
-        try:
-            signal.set_wakeup_fd(self._old_fd)
-        except (ValueError, OSError):
-            pass
-        self._old.clear()
 
     def _run(self) -> None:
         while True:
             try:
-                data = os.read(self._r, 64)
-            except OSError:
+                info = signal.sigwaitinfo(HANDLED)
+            except (OSError, ValueError):
                 return
-            if not data:
-                return
-            for signum in data:
-                if signum == signal.SIGUSR1:
-                    self._peer_ends_job()
-                elif signum in NAMES and signal.getsignal(signum) is _ignore:
-                    self._signalled(signum)
+            if info.si_signo == signal.SIGUSR1:
+                self._peer_ends_job()
+            elif info.si_signo in NAMES:
+                global _received
+                _received = _received or info.si_signo
+                self._signalled(info.si_signo, info.si_pid)
 
     def _peer_ends_job(self) -> None:
         from mpifc.runtime import node, outputs
@@ -113,37 +83,92 @@ class SignalThread:
         view.unmark("end")
         view.exit_together(code, tell_peers=False)
 
-    def _signalled(self, signum: int) -> None:
+    def _signalled(self, signum: int, sender: int) -> None:
         from mpifc.runtime import node
         from mpifc.runtime.failure import abort_with_line
 
         name = NAMES[signum]
-        view = node.current()
-        if view is None and self.rank is not None:
-            # Signalled before the job met its node (e.g. while importing): meet it now, so the
-            # line is said once and the other ranks are told.
-            from mpifc.runtime.liveness import DEFAULT_LIMIT_S
-
-            view = node.NodeView.join(self.rank, DEFAULT_LIMIT_S)
-            node.set_current(view)
-        who = [self.rank] if self.rank is not None else []
-        if view is not None and self.rank is not None:
-            try:
-                (view.folder / f"sig-{self.rank}-{signum}").touch()
-            except OSError:
-                pass
-            time.sleep(SCOPE_WAIT_S)
-            who = sorted(int(p.name.split("-")[1]) for p in view.folder.glob(f"sig-*-{signum}"))
-        # The launcher passes a signal on to every rank at once (Ctrl-C, scancel); one sent to a
-        # single rank reaches no other within the wait.
-        if view is None or len(who) >= min(2, view.local_ranks):
+        daemon = node.launcher_process()
+        if sender <= 0 or (daemon is not None and sender == daemon[0]):
             what = "interrupted (SIGINT to the whole job, e.g. Ctrl-C)" if signum == signal.SIGINT \
                 else "the job received SIGTERM"
             line = f"mpifc: {what}; ending the job"
         else:
-            ranks = f"rank {who[0]}" if len(who) == 1 else "ranks " + ", ".join(map(str, who))
-            line = f"mpifc: {ranks} received {name}; ending the job"
+            line = f"mpifc: rank {self.rank} received {name} (from process {sender}); ending the job"
+        if node.current() is None:
+            # Signalled before the job met its node (while importing): meet it now, so the line
+            # is said once and the other ranks are told.
+            from mpifc.runtime.liveness import DEFAULT_LIMIT_S
+
+            node.set_current(node.NodeView.join(self.rank, DEFAULT_LIMIT_S))
         abort_with_line(line, 128 + signum)
+
+
+def finish() -> None:
+    """This rank's normal end, once its work is done: a SIGINT or SIGTERM that came meanwhile
+    ends the job instead (no rank leaves as a success then); a barrier polled with sleeps, then
+    ``MPI_Finalize``, then the end mark for the node sentinel (:meth:`mpifc.runtime.node.NodeView.end`):
+    a rank frozen or killed before it fails the job, and the job's outputs are removed. Runs at
+    the process's exit (registered by :func:`install`); a failing rank leaves without it."""
+    import sys
+
+    from mpifc.runtime import node
+
+    view = node.current()
+    if view is None:
+        return
+    wait_if_signalled()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        # MPI_Finalize waits for every rank holding the GIL, so no thread of this rank could act
+        # meanwhile (a Ctrl-C, a peer ending the job): meet the others first in a barrier polled
+        # with sleeps, then finalize at once.
+        from mpifc.runtime.watchdog import backoff
+
+        req, sleep, t0 = mpi.COMM_WORLD.Ibarrier(), 50e-6, time.monotonic()
+        while not req.Test():
+            time.sleep(sleep)
+            sleep = backoff(sleep, time.monotonic() - t0, 2e-3)
+        wait_if_signalled()
+        mpi.Finalize()
+    wait_if_signalled()
+    view.end()
+
+
+def leave(code: int) -> None:
+    """End the process now with ``code`` after :func:`finish` (under a launcher; returns
+    otherwise): nothing runs between this rank's end mark and its exit, where a kill could not
+    be told from a normal end."""
+    import os
+    import sys
+
+    from mpifc.runtime import node
+
+    if node.current() is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream
+            pass
+    finish()
+    # The C library's exit, not os._exit: after MPI_Finalize, MPICH's exit handlers must run, or
+    # hydra may take the exit for a failure and kill the ranks still ending (measured: 2 to 6
+    # jobs in 25 with os._exit, none with exit).
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).exit(code)
+    finally:
+        os._exit(code)
+
+
+def wait_if_signalled(timeout_s: float = 10.0) -> None:
+    """On the way to a normal exit: if a SIGINT or SIGTERM came, let the signal thread end the
+    job (it exits the process) rather than leave as a success."""
+    until = time.monotonic() + timeout_s
+    while _received and time.monotonic() < until:
+        time.sleep(0.01)
 
 
 def install(rank: int | None) -> SignalThread | None:
@@ -154,12 +179,10 @@ def install(rank: int | None) -> SignalThread | None:
         t = SignalThread(rank)
         if t.install():
             _installed = t
+            import atexit
+
+            atexit.register(finish)
     return _installed
 
 
-def uninstall() -> None:
-    """Give the signals back (see :meth:`SignalThread.uninstall`)."""
-    global _installed
-    if _installed is not None:
-        _installed.uninstall()
-        _installed = None
+__all__ = ["install", "finish", "leave", "wait_if_signalled", "env_rank", "HANDLED"]

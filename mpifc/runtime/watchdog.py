@@ -25,7 +25,6 @@ at most 2 % more latency.
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import weakref
@@ -112,16 +111,11 @@ def _watch() -> None:
 
 
 def _abort_stuck(rank: int, deadline_s: float, describe: Callable[[], str]) -> None:
-    from mpi4py import MPI
+    from mpifc.runtime.failure import abort_with_line
 
     try:
         what = describe()
     except Exception:  # noqa: BLE001
         what = "a message"
-    sys.stderr.write(f"mpifc: rank {rank}: DeadlineExceeded: deadline of {deadline_s:g} s passed waiting for {what} "
-                     f"(the wait could not be cancelled; aborting)\n")
-    sys.stderr.flush()
-    from mpifc.runtime.failure import settle_before_abort
-
-    settle_before_abort()
-    MPI.COMM_WORLD.Abort(1)
+    abort_with_line(f"mpifc: rank {rank}: DeadlineExceeded: deadline of {deadline_s:g} s passed waiting for {what} "
+                    f"(the wait could not be cancelled; aborting)", 1)
