@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -137,6 +138,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         The largest exit code returned by ``main`` over all ranks.
     """
     try:
+        _cpu_mark("runner_start")
         if deadline is not None and not deadline > 0:
             raise UserError(f"--deadline must be > 0 seconds, got {deadline:g}")
         if not liveness > 0:
@@ -160,6 +162,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         else:
             node = node_mod.NodeView.join(rank0, liveness)
             node_mod.set_current(node)
+        if node is not None:
+            node.in_job = True
         if rank0 is not None:
             faults.note(f"rank-{rank0}.pid", str(os.getpid()))
             if node is not None and node.sentinel is not None:
@@ -201,6 +205,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             live.start()
         if node is not None:
             node.mark("up")
+        _cpu_mark("mpi_up")
         clock = _job_clock(deadline, rank, transport, live)
         outputs = StagedOutputs(node)
         set_outputs(outputs)
@@ -259,6 +264,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             set_current(None)
         if node is not None:
             node.mark("final")
+            node.in_job = False
         comm.Free()
         return code
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
@@ -291,9 +297,37 @@ def _job_clock(deadline: float | None, rank: int, transport: Any, live: Any) -> 
 
 MODULE_REPORT_ENV = "MPIFC_MODULE_REPORT"
 """Names a folder: every rank of a job writes ``rank-<R>.json`` there when its job function has
-returned, with its role, the job function's notes (:attr:`JobContext.notes`), the sorted top-level names of the modules it has loaded and its peak
-resident set size (MB). How the tests show that a rank did not import what it does not need
-(torch, scikit-learn) and how the start-up benchmark reads each rank's memory."""
+returned, with its role, the job function's notes (:attr:`JobContext.notes`), the sorted top-level names of the modules it has loaded, its peak
+resident set size (MB) and where its CPU time went (``cpu_s``: process CPU seconds at the
+job runner's start, once MPI and the heartbeats were up, and when the job function returned;
+``thread_cpu_s``: per thread, by name). How the tests show that a rank did not import what it does
+not need (torch, scikit-learn) and how the start-up and many-ranks benchmarks read each rank's
+memory and CPU."""
+
+_CPU_MARKS: dict[str, float] = {}
+
+
+def _cpu_mark(name: str) -> None:
+    """Note the process CPU time at a point of the job runner (for the module report)."""
+    if os.environ.get(MODULE_REPORT_ENV):
+        _CPU_MARKS[name] = round(time.process_time(), 4)
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds per live thread of this process, by thread name (from ``/proc``)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir() if Path("/proc/self/task").is_dir() else []:
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(task.name), f"native-{task.name}")
+        out[name] = round(out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick, 3)
+    return out
 
 
 def write_module_report(rank: int, role: str, notes: dict[str, Any] | None = None) -> None:
@@ -304,13 +338,15 @@ def write_module_report(rank: int, role: str, notes: dict[str, Any] | None = Non
     import json
     import resource
 
+    _cpu_mark("job_done")
     top = sorted({name.split(".", 1)[0] for name in list(sys.modules)})
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
     Path(folder).mkdir(parents=True, exist_ok=True)
     out = Path(folder) / f"rank-{rank}.json"
     tmp = out.with_suffix(".json.part")
     tmp.write_text(json.dumps({"rank": rank, "role": role, "peak_rss_mb": round(peak_kb / 1024.0, 1),
-                               "notes": dict(notes or {}), "modules": top}, default=str))
+                               "notes": dict(notes or {}), "modules": top, "cpu_s": dict(_CPU_MARKS),
+                               "thread_cpu_s": _thread_cpu()}, default=str))
     os.replace(tmp, out)
 
 

@@ -148,6 +148,7 @@ class NodeView:
         self._stages = 0
         self._me = folder / f"rank-{rank}"
         self._commits = 0
+        self.in_job = False  # inside a job runner that has not completed (mpifc.runtime.job.run_job)
         self._beacon_thread: threading.Thread | None = None
 
     @classmethod
@@ -372,8 +373,12 @@ class NodeView:
         os._exit(code or 1)
 
     def end(self) -> None:
-        """Mark this rank's normal end (after ``MPI_Finalize``); the last rank to end removes the
+        """Mark this rank's normal end (after ``MPI_Finalize``), unless it leaves a job it has not
+        completed (a job function that returned before MPI started, as its peers went on): then
+        it ends without a word, which the sentinel reports. The last rank to end removes the
         folder if the sentinel is gone."""
+        if self.in_job:
+            return
         self.mark("end")
         if self.sentinel_gone():
             self.remove_if_orphaned(all_ended=True)
@@ -396,12 +401,16 @@ class NodeView:
         """Sleep until every rank of this node has registered and the sentinel watches them all
         (at most ``timeout_s``); True if so."""
         until = time.monotonic() + timeout_s
+        sleep = 0.005
         while True:
             if (self.folder / "watching").exists():
                 return True
             if time.monotonic() >= until:
                 return False
-            time.sleep(0.02)
+            time.sleep(sleep)
+            # Slower as the wait lasts: on a node of many ranks starting on few cores the last
+            # ones come seconds later, and each poll costs a waiting rank a wake-up.
+            sleep = min(sleep * 1.5, 0.1)
 
 
 def join_early(argv: list[str], default_limit_s: float) -> "NodeView | None":

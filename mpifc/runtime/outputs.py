@@ -51,14 +51,13 @@ class StagedOutputs:
         return done
 
     def discard(self) -> None:
-        """Remove every partial file (the job failed)."""
+        """Remove every partial file (the job failed), and the temp files of a write of it. The
+        node sentinel keeps their names and removes them again once the ranks are gone (a write
+        may still have been under way)."""
+        from mpifc.runtime.sentinel import remove_partial
+
         for partial, _, key in self._files:
-            try:
-                partial.unlink()
-            except OSError:
-                pass
-            if key is not None:
-                self.node.unstage(key)
+            remove_partial(str(partial))
         self._files.clear()
 
 

@@ -62,6 +62,9 @@ import sys
 import time
 
 POLL_MIN_S = 0.02
+UNSEEN_GRACE_S = 1.0
+"""How long after this process starts a rank the launcher started may still be missing from its
+children (the launcher starts them all before any can start this process)."""
 REPORTED_GRACE_S = 2.0
 """How long the ranks of a job that reported its own failure have to exit on their own."""
 SAID = "said"
@@ -180,18 +183,27 @@ def children(pid: int) -> list[int]:
 RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=", b"PMIX_RANK=", b"SLURM_PROCID=")
 
 
-def env_rank(pid: int) -> int | None:
-    """The rank a launcher gave process ``pid``, from its environment, or None."""
+SIZE_VARIABLES = (b"PMI_SIZE=", b"OMPI_COMM_WORLD_SIZE=", b"PMIX_SIZE=", b"SLURM_NTASKS=")
+
+
+def env_rank(pid: int) -> tuple[int | None, int | None]:
+    """The rank a launcher gave process ``pid`` and the job's size, from its environment (None
+    for what is not there)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             items = f.read().split(b"\0")
     except OSError:
-        return None
-    for prefix in RANK_VARIABLES:
-        for item in items:
-            if item.startswith(prefix) and item[len(prefix):].isdigit():
-                return int(item[len(prefix):])
-    return None
+        return None, None
+    found: list[int | None] = []
+    for names in (RANK_VARIABLES, SIZE_VARIABLES):
+        value = None
+        for prefix in names:
+            value = next((int(i[len(prefix):]) for i in items if i.startswith(prefix) and i[len(prefix):].isdigit()),
+                         None)
+            if value is not None:
+                break
+        found.append(value)
+    return found[0], found[1]
 
 
 def _pidfd(pid: int) -> int | None:
@@ -242,6 +254,8 @@ class Sentinel:
         self.started = time.monotonic()
         self.watched: dict[int, Watched] = {}
         self.registered: set[int] = set()
+        self.all_came = False  # every rank of the node registered ("watching" written)
+        self.job_size = 0  # the job's size, when every rank runs on this node
         # (one already gone, e.g. killed while this process started, is handled as it ends)
         self.launchers = [Watched(-1, pid, name) for name, pid in (launchers or [])]
         self.failed = False
@@ -307,19 +321,45 @@ class Sentinel:
                     self._register(w)
                 self.registered.add(rank)
                 if len(self.registered) == self.local_ranks:
-                    # The ranks wait for this before they go on (mpifc.runtime.node): from here on
-                    # a rank that dies is seen before the ranks the launcher kills after it.
+                    # The ranks wait for this before they go on (mpifc.runtime.node): every rank of
+                    # the node has come, and a rank that dies from here on is seen before the ranks
+                    # the launcher kills after it.
                     try:
                         open(self.path("watching"), "a").close()
                     except OSError:
                         pass
+                    self.all_came = True
         if len(self.watched) < self.local_ranks and self.launchers:
             known = {w.pid for w in self.watched.values()}
             for pid in children(self.launchers[0].pid):
-                rank = env_rank(pid) if pid not in known else None
+                rank, size = env_rank(pid) if pid not in known else (None, None)
                 if rank is not None and rank not in self.watched:
                     w = self.watched[rank] = Watched(rank, pid)
                     self._register(w)
+                    if size == self.local_ranks:  # the whole job runs on this node
+                        self.job_size = size
+
+    def unseen_ranks(self) -> list[int]:
+        """Ranks of this node the launcher started but this process never saw (they ended
+        before its first look), where the node holds the whole job (their numbers are known)."""
+        if len(self.watched) >= self.local_ranks or not self.job_size:
+            return []
+        if self.launchers:
+            known = {w.pid for w in self.watched.values()}
+            if any(pid not in known for pid in children(self.launchers[0].pid)):
+                return []  # a child not told apart yet (not yet executed, on a loaded node): it may be one
+        return sorted(set(range(self.job_size)) - set(self.watched))
+
+    def check_unseen(self) -> None:
+        """Ranks that ended before this process first looked: ends the job naming them."""
+        if self.failed or self.all_came or time.monotonic() - self.started < UNSEEN_GRACE_S:
+            return
+        unseen = self.unseen_ranks()
+        if unseen and not self.reported():
+            who = f"rank {unseen[0]}" if len(unseen) == 1 else "ranks " + ", ".join(map(str, unseen))
+            self.say(f"mpifc: {who} ended without a word as it started (killed by a signal, or its process "
+                     f"exited); ending the job")
+            self.end_job()
 
     def _forget(self, w: Watched) -> None:
         if w.fd is not None and self.poller is not None:
@@ -401,13 +441,19 @@ class Sentinel:
             if self.reported():
                 self.end_job(REPORTED_GRACE_S)
                 return
-            self.say(f"mpifc: rank {w.rank} ended without a word in phase {self.phase(w.rank)!r} (killed by a "
-                     f"signal, or its process exited); ending the job")
+            lost, when = [w.rank], f"in phase {self.phase(w.rank)!r}"
+            unseen = self.unseen_ranks()
+            if unseen:  # they ended before this process could watch them: before this one
+                lost, when = unseen, "as it started"
+            who = f"rank {lost[0]}" if len(lost) == 1 else "ranks " + ", ".join(map(str, lost))
+            self.say(f"mpifc: {who} ended without a word {when} (killed by a signal, or its process exited); "
+                     f"ending the job")
             self.end_job()
             return
-        running = [r for r, x in self.watched.items() if not x.ended and not self.has(f"rank-{r}.end")]
-        # mpiexec ends after its daemon, which ends after the ranks: mpiexec gone while its daemon
-        # still runs was killed, and reports a failure even if the ranks are done.
+        # The daemon ends after its ranks, and mpiexec after its daemon: one that ends while a
+        # rank or its daemon is still there was killed, and the job reports a failure even if
+        # the ranks had done their work.
+        running = [r for r, x in self.watched.items() if not x.ended]
         daemon_left = w is not self.launchers[0] and not self.launchers[0].ended and not self.launchers[0].gone()
         if running or len(self.watched) < self.local_ranks or daemon_left:
             if self.reported():
@@ -535,13 +581,13 @@ class Sentinel:
             pass
 
     def run(self) -> None:
-        quiet_since = 0.0
+        quiet_since = next_check = 0.0
         while True:
             self.read_limit()
             self.scan()
-            # Until every rank of the node is watched, look for new ones often: a rank killed
-            # before it is watched could not be told from the ranks the launcher kills after it.
-            self.poll(self.period if len(self.watched) >= self.local_ranks else POLL_MIN_S)
+            # Until every rank of the node has come, look for new ones often: the ranks wait for
+            # that before they start MPI.
+            self.poll(self.period if self.all_came else POLL_MIN_S)
             if self.finished():
                 break
             if not self.watched and time.monotonic() - self.started > self.start_grace:
@@ -557,8 +603,11 @@ class Sentinel:
                     quiet_since = 0.0
                 continue
             now = time.monotonic()
-            self.check_stopped(now)
-            self.check_silent()
+            if now >= next_check:  # once a period, however often new ranks are looked for
+                next_check = now + self.period
+                self.check_stopped(now)
+                self.check_silent()
+                self.check_unseen()
         self.cleanup()
 
 

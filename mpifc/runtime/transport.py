@@ -67,7 +67,7 @@ from mpifc.runtime.bufpool import RecvBufferPool
 from mpifc.runtime.payload import CODE_DTYPES_BF16, as_array, byte_view, decode, to_wire_array
 from mpifc.runtime.kinds import MessageKind, as_kind
 from mpifc.runtime.ledger import CommLedger
-from mpifc.runtime.watchdog import backoff, new_guard
+from mpifc.runtime.watchdog import IDLE as _WATCHDOG_IDLE, backoff, new_guard, wake as _wake_watchdog
 
 INLINE_MAX_BYTES = 16 * 1024
 CHUNK_BYTES = 1 << 30           # keeps each MPI count far below 2**31 - 1
@@ -549,6 +549,8 @@ class Transport:
             guard, t0, state = self._guard, _perf(), [False, False]
             guard.armed = ([pre, req], t0 + self.spin_s, t0 + self.deadline, self.deadline,
                            lambda: self._waiting_for([source], [kind]), state)
+            if _WATCHDOG_IDLE[0]:
+                _wake_watchdog()
             self.awaiting = (source, tag)
             try:
                 req.Wait(status)
@@ -576,6 +578,8 @@ class Transport:
             state = [False, False]
             guard = self._guard
             guard.armed = ([pre], _INF, _perf() + self.deadline, self.deadline, describe, state)
+            if _WATCHDOG_IDLE[0]:
+                _wake_watchdog()
             try:
                 pre.Wait(pstatus)
             finally:
@@ -920,6 +924,8 @@ class Transport:
             return state
         guard.armed = (reqs if cancel is None else cancel, soft_at, _perf() + self.deadline, self.deadline,
                        describe, state)
+        if _WATCHDOG_IDLE[0]:
+            _wake_watchdog()
         try:
             if len(reqs) == 1:
                 reqs[0].Wait(statuses[0])  # cheaper than Waitall for one request

@@ -15,7 +15,9 @@ minutes on the same cores. At the soft limit the watchdog cancels the receive an
 transport goes on waiting by polling from Python with sleeps. (Sends and barriers cannot be
 cancelled: the transport never waits for them inside MPI.)
 
-Arming and disarming are one attribute store each: no lock on the message path.
+Arming and disarming are one attribute store each: no lock on the message path. With nothing
+armed the watchdog sleeps until a wait is armed (:data:`IDLE`, :func:`wake`): a node of many
+ranks that compute has no thread waking up for nothing.
 
 Waits polled from Python (sends, barriers, a header wait past its soft limit, the query passes'
 waits for several peers) sleep between polls with :func:`backoff`: doubling up to a couple of
@@ -47,6 +49,11 @@ def backoff(sleep: float, waited: float, max_sleep_s: float) -> float:
     return min(2.0 * sleep, max(max_sleep_s, min(LONG_WAIT_SHARE * waited, LONG_WAIT_MAX_SLEEP_S)))
 
 
+_INF = float("inf")
+IDLE = [False]
+"""``IDLE[0]``: the watchdog sleeps with nothing armed; whoever arms a guard then calls :func:`wake`."""
+IDLE_MAX_S = 5.0
+_wake = threading.Event()
 _guards: "weakref.WeakSet[WaitGuard]" = weakref.WeakSet()
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -91,13 +98,14 @@ def _cancel(reqs: list[Any]) -> None:
 
 def _watch() -> None:
     while True:
-        time.sleep(PERIOD_S)
         now = time.perf_counter()
+        busy = False
         for g in list(_guards):
             armed = g.armed
             if armed is None:
                 continue
             reqs, soft_at, deadline_at, deadline_s, describe, state = armed
+            busy = busy or deadline_at < _INF or (soft_at < _INF and not state[0])
             if now >= deadline_at + GRACE_S:
                 if g.armed is armed:
                     _abort_stuck(g.rank, deadline_s, describe)
@@ -108,6 +116,27 @@ def _watch() -> None:
             elif now >= soft_at and not state[0]:
                 state[0] = True
                 _cancel(reqs)
+        if busy:
+            time.sleep(PERIOD_S)
+            continue
+        # Nothing armed: sleep until a wait is armed (wake()), instead of looking 20 times a
+        # second in every rank of the node. A wait armed before IDLE is set is seen by the check.
+        IDLE[0] = True
+        if not any(_due(g.armed) for g in list(_guards)):
+            _wake.wait(IDLE_MAX_S)
+        IDLE[0] = False
+        _wake.clear()
+        time.sleep(PERIOD_S)  # the precision of soft limits and deadlines, as when busy
+
+
+def _due(armed: Any) -> bool:
+    """Whether an armed wait has a limit to watch (a soft limit not yet hit, or a deadline)."""
+    return armed is not None and (armed[2] < _INF or (armed[1] < _INF and not armed[5][0]))
+
+
+def wake() -> None:
+    """After arming a guard: wake the watchdog if it sleeps with nothing armed."""
+    _wake.set()
 
 
 def _abort_stuck(rank: int, deadline_s: float, describe: Callable[[], str]) -> None:

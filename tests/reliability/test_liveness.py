@@ -54,14 +54,15 @@ def idle_waits() -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("wait", WAIT_KINDS)
-def test_a_rank_waiting_for_a_computing_peer_uses_under_10_percent_of_a_core(idle_waits, wait):
+def test_a_waiting_rank_sleeps_instead_of_spinning(idle_waits, wait):
     """A sleeping wait polls a bounded number of times a second whatever the load (some 50 once
-    it has lasted), so its CPU share stays near 1-2 % (launch/bench/idle_wait.py); the bound of
-    10 % leaves room for costlier wake-ups on a loaded machine, and a busy wait crosses it on any
-    machine not loaded past some 20 runnable processes per core."""
+    it has lasted), so its CPU share stays near 1-2 % (the precise figures, beside a busy wait
+    measured in the same run: launch/bench/idle_wait.py). The bound here is 25 %: costlier
+    wake-ups on a loaded machine stay far below it, and a wait that spins (a blocking MPI wait,
+    some 100 % of a core on an idle machine) is far above it."""
     got = idle_waits[wait]
     assert got["wall"] >= 4.0, got
-    assert got["cpu"] / got["wall"] < 0.10, got  # process CPU time: every thread of the waiting rank
+    assert got["cpu"] / got["wall"] < 0.25, got  # process CPU time: every thread of the waiting rank
 
 
 @pytest.mark.parametrize("flag", ["--deadline", "--liveness"])
