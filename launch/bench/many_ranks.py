@@ -59,7 +59,11 @@ def client_cpu(reports: Path) -> dict[str, float]:
         stages.setdefault("node, MPI_Init, heartbeats", []).append(up - start)
         stages.setdefault("job function (learning, messages)", []).append(done - up)
         stages.setdefault("total to job end", []).append(done)
+        threads: dict[str, float] = {}
         for name, s in rep.get("thread_cpu_s", {}).items():
+            key = "others (MPI, libraries)" if name.startswith("native-") else name
+            threads[key] = threads.get(key, 0.0) + s
+        for name, s in threads.items():
             stages.setdefault(f"  thread {name}", []).append(s)
     return {k: statistics.mean(v) for k, v in stages.items()}
 

@@ -346,8 +346,9 @@ class Sentinel:
             return []
         if self.launchers:
             known = {w.pid for w in self.watched.values()}
-            if any(pid not in known for pid in children(self.launchers[0].pid)):
-                return []  # a child not told apart yet (not yet executed, on a loaded node): it may be one
+            if any(pid not in known and proc_state(pid) not in (None, "Z", "X")
+                   for pid in children(self.launchers[0].pid)):
+                return []  # a live child not told apart yet (not yet executed, on a loaded node): it may be one
         return sorted(set(range(self.job_size)) - set(self.watched))
 
     def check_unseen(self) -> None:
