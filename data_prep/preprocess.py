@@ -53,6 +53,12 @@ class ColumnTransform:
         impute: value that replaces NaN, or None (no imputation, or nothing can be missing).
         mean, std: standardization, or None.
         levels: for a numeric level-coded column, ``(k,)`` its levels (ascending).
+        level_gaps: for a numeric level-coded column, ``(k + 1,)`` bool: whether training rows
+            held values (each rarer than :data:`~data_prep.transforms.MIN_ROWS` rows, so no
+            level) below the first level (0), between levels ``g - 1`` and ``g`` (g), or above
+            the last (k). Such values were read as their nearest level in training, and a
+            query may give them too; a value in a gap that no training row held is one the
+            model does not know (:meth:`data_prep.codec.RowCodec.check_known`). None: unknown.
         level_codes: for a level-coded categorical, ``(k,)`` the category code of each level
             (``-1``: the missing category).
         normal: the normal-score transform of a real column, or None.
@@ -68,6 +74,7 @@ class ColumnTransform:
     mean: float | None = None
     std: float | None = None
     levels: np.ndarray | None = None
+    level_gaps: np.ndarray | None = None
     level_codes: np.ndarray | None = None
     normal: NormalScore | None = None
     selection: dict[str, float] | None = None
@@ -309,6 +316,9 @@ class Preprocessor:
                 elif e.get("levels") is not None:
                     col.levels = np.asarray(e["levels"], dtype=np.float64)
                     col.n_categories = max(int(col.levels.size), 2)
+                    if e.get("level_gaps") is not None:
+                        col.level_gaps = np.zeros(col.levels.size + 1, dtype=bool)
+                        col.level_gaps[np.asarray(e["level_gaps"], dtype=np.int64)] = True
                 if labels is not None:
                     categories[name] = [str(lab) for lab in labels]
                 if e.get("impute") is not None:
@@ -351,6 +361,8 @@ class Preprocessor:
                 entry["levels"] = [None if c < 0 else str(labels[c]) for c in col.level_codes]
             if col.levels is not None:
                 entry["levels"] = [float(v) for v in col.levels]
+                if col.level_gaps is not None:
+                    entry["level_gaps"] = [int(g) for g in np.flatnonzero(col.level_gaps)]
             if col.impute is not None:
                 entry["impute"] = col.impute
             if col.mean is not None:
@@ -469,6 +481,9 @@ def _fit_levels(pre: Preprocessor, table: RawTable, train_rows: np.ndarray, max_
             levels = few_levels(values, max_levels)
             if levels is not None:
                 col.levels = levels
+                seen = values[~np.isnan(values)]
+                col.level_gaps = np.zeros(levels.size + 1, dtype=bool)
+                col.level_gaps[np.searchsorted(levels, seen[~np.isin(seen, levels)])] = True
                 col.meta_type, col.n_categories = "discrete", max(int(levels.size), 2)
 
 

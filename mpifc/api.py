@@ -333,7 +333,8 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     from mpifc.federated.serialize import MODEL_OUTPUT, SOURCES, save_fc
     from mpifc.fedpc.data import read_client_data
     from mpifc.fedpc.job import resolve_glue_and_refine
-    from mpifc.fedpc.train import builder_from_config, client_plan, fit_client, model_codec, recorded_sources
+    from mpifc.fedpc.train import (builder_from_config, client_plan, fit_client, model_codec, recorded_sources,
+                                   released)
 
     from mpifc.federated.defaults import PRESETS
     from mpifc.federated.one_pass import record_hyperparameters
@@ -372,7 +373,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     datas = [read_client_data(shards, c) for c in range(m.n_clients)]
     builder = builder_from_config(cfg)
     plan = builder.plan([d.declaration for d in datas], m.feature_order, m.target, m.setting)
-    reports = [fit_client(client_plan(plan, c), c, d, device=dev) for c, d in enumerate(datas)]
+    reports = [released(fit_client(client_plan(plan, c), c, d, device=dev), d.shard) for c, d in enumerate(datas)]
     n_servers = servers if assign == "tree" else 0
     ranks = client_rank_map(range(m.n_clients), n_servers)
     fc = builder.assemble(plan, reports, ranks)

@@ -1,24 +1,42 @@
-"""The fault matrix: every phase of a FedPC job crossed with every fault, and how each job ends.
+"""The fault matrix: signals to every process of a job at many moments, and faults inside a rank.
 
 Run (from the repo root, venv python)::
 
-    python launch/bench/faults.py [--liveness 3] [--parallel 3] [--out faults.csv]
+    python launch/bench/faults.py [--liveness 3] [--parallel 3] [--moments 10] [--out faults.csv]
+    python launch/bench/faults.py --sample          # the few cells tests/reliability runs
+    python launch/bench/faults.py --jobs train --targets "rank 1,mpiexec" --when up,final
 
-For each cell a real ``mpiexec -n 3`` job (a server and two clients on breast-cancer shards,
-``--learner factorized``) runs with ``MPIFC_FAULT=RANK:PHASE:KIND`` (:mod:`mpifc.runtime.faults`):
-the phases ``startup`` (before MPI is up), ``read``, ``learn``, ``gather`` and ``write``
-(assembling and writing the model) of ``mpifc train``, and ``query`` of ``mpifc evaluate
---distributed``; the faults are SIGKILL, SIGSTOP, an exception and an early return, of a client
-(rank 2) or of the server (rank 0).
+The jobs: ``mpiexec -n 3`` (a server and two clients on breast-cancer shards, ``--learner
+factorized``) running ``mpifc train``, ``mpifc evaluate --distributed`` and ``mpifc query
+--distributed --what predict``, each with ``--ledger``.
 
-Columns: ``seconds`` from the fault (the time the faulting rank noted just before it) to the end
-of ``mpiexec``; ``exit`` code; ``named``: whether a line of stderr starting ``mpifc: rank R``
-names the faulting rank; ``lines``: how many lines start with ``mpifc:`` (the goal: one);
-``leftovers``: processes of the job still alive a few seconds after
-``mpiexec`` ended (the ranks' and the node sentinel's process ids, noted by the job itself), and
-output files at their final paths or partial files beside them. ``ok`` is every check of
-``tests/reliability``: exit code not 0, ended within ``liveness + 5`` s of the fault, rank
-named in one line, no leftovers. The exit status is 0 only if every cell is ok.
+Signal cells (job x target x signal x moment): SIGSTOP (freeze), SIGKILL, SIGTERM and SIGINT,
+sent from outside to each rank, to ``mpiexec`` and to its per-node daemon ``hydra_pmi_proxy``, at
+``--moments`` moments of the job: spread over its run (fractions of the median time of clean
+runs measured first, each before the last 0.5 s; start-up included), as soon as MPI is up and
+0.25 s later, and two in its last 0.5 s (as soon as rank 0 has put its outputs in place, and 0.1 s
+later). Injected cells (phase x fault, the in-process
+hooks of :mod:`mpifc.runtime.faults`): an exception or an early return of a client or of the
+server at each phase of ``train`` and at ``query`` of ``evaluate --distributed``.
+
+How a cell must end (``ok``):
+
+* within ``--liveness`` + 5 s of the fault (``seconds``: from the fault to the end of ``mpiexec``);
+* failed, cleanly: a non-zero exit code; exactly one line starting ``mpifc:`` (``lines``),
+  naming the right process (``named``): ``rank R`` for a rank; for ``mpiexec`` and the daemon,
+  the launcher (killed or frozen) or the whole job (SIGINT: ``interrupted``, exit code 130;
+  SIGTERM: ``the job received SIGTERM``, 143), never a rank; no output (model, ledger, answer)
+  at its final path nor partial file beside it; no ``/dev/shm`` file the job's MPI mapped, no
+  node folder and no process of the job left a few seconds after ``mpiexec`` ended;
+* or, where the signal does not end the job (SIGTERM and SIGINT to the daemon, which hydra
+  ignores), succeeded, cleanly, however long the rest of the job took: exit code 0, no
+  ``mpifc:`` line, every output in place, nothing else left.
+
+A signal that finds its process gone or done (a rank that marked its normal end and is exiting,
+a daemon with no rank left, an ``mpiexec`` with no daemon left) is counted ``missed``, not run.
+Printed: the table of failed cells, then per job and target the runs, hangs (no end within
+``liveness + 5`` s), the worst end time, misnamed runs and runs with leftovers; the load
+average beside the figures. The exit status is 0 only if every cell is ok.
 """
 
 import argparse
@@ -27,33 +45,45 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PHASES = ("startup", "read", "learn", "gather", "write", "query")
-FAULTS = {  # label -> (role, kind)
-    "client sigkill": ("client", "sigkill"), "server sigkill": ("server", "sigkill"),
-    "client sigstop": ("client", "sigstop"), "server sigstop": ("server", "sigstop"),
-    "client raise": ("client", "raise"), "server raise": ("server", "raise"),
-    "client return": ("client", "return"), "server return": ("server", "return"),
-}
-RANKS = {"server": 0, "client": 2}
 N_RANKS = 3
+JOBS = ("train", "evaluate", "query")
+TARGETS = ("rank 0", "rank 1", "rank 2", "mpiexec", "hydra_pmi_proxy")
+SIGNALS = ("STOP", "KILL", "TERM", "INT")
+IGNORED = {("hydra_pmi_proxy", "TERM"), ("hydra_pmi_proxy", "INT")}  # hydra's daemon ignores these
+PHASES = ("startup", "read", "learn", "gather", "write", "query")
+INJECTED = {  # label -> (rank, kind)
+    "client raise": (2, "raise"), "server raise": (0, "raise"),
+    "client return": (2, "return"), "server return": (0, "return"),
+}
+SAMPLE_SIGNALS = [  # (job, target, signal, moment): the sample tests/reliability runs
+    ("evaluate", "rank 0", "STOP", "phase:query"), ("train", "rank 2", "KILL", "phase:learn"),
+    ("train", "rank 1", "TERM", "up+0.1"), ("query", "mpiexec", "INT", "up"),
+    ("evaluate", "hydra_pmi_proxy", "KILL", "up+0.2"), ("train", "mpiexec", "STOP", "final"),
+    ("query", "rank 1", "INT", "up+0.3"),
+]
+SAMPLE_INJECTED = [("learn", "client raise"), ("query", "server return")]
 
 
 @dataclass
 class Cell:
     """How one faulted job ended."""
 
-    phase: str
+    job: str
+    target: str
     fault: str
-    rank: int
+    moment: str
     injected: bool = False
+    missed: bool = False
     seconds: float | None = None
     exit: int | None = None
     named: bool = False
@@ -72,15 +102,15 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("MPIFC_FAULT", None)
-    env.pop("MPIFC_FAULT_LOG", None)
+    for name in ("MPIFC_FAULT", "MPIFC_FAULT_LOG"):
+        env.pop(name, None)
     env.update(extra or {})
     return env
 
 
-def prepare(work: Path, liveness: float) -> tuple[Path, Path]:
-    """Breast-cancer shards for two clients and a model trained on them (for the query cells)."""
-    shards, model = work / "shards", work / "model.h5"
+def prepare(work: Path, liveness: float) -> dict[str, Path]:
+    """Breast-cancer shards for two clients, a model trained on them, and query rows."""
+    shards, model, rows = work / "shards", work / "model.h5", work / "rows.csv"
     if not (shards / "manifest.json").is_file():
         subprocess.run([sys.executable, "-m", "data_prep", "--dataset", "breast-cancer", "--setting", "horizontal",
                         "--clients", str(N_RANKS - 1), "--seed", "0", "--out", str(shards)],
@@ -89,105 +119,397 @@ def prepare(work: Path, liveness: float) -> tuple[Path, Path]:
         subprocess.run([_mpiexec(), "-n", str(N_RANKS), sys.executable, "-m", "mpifc", "train", str(shards),
                         "--learner", "factorized", "--seed", "0", "--model", str(model), "--liveness", str(liveness)],
                        check=True, capture_output=True, env=_env(), cwd=REPO, timeout=300)
-    return shards, model
+    if not rows.is_file():
+        subprocess.run([sys.executable, "-c", _ROWS_SCRIPT, str(model), str(shards), str(rows)],
+                       check=True, capture_output=True, env=_env(), cwd=REPO, timeout=300)
+    return {"shards": shards, "model": model, "rows": rows}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+_ROWS_SCRIPT = """
+import csv, sys
+import numpy as np
+from data_prep.codec import RowCodec
+from data_prep.shards import read_test
+from mpifc.federated.serialize import load_fc
+model, shards, out = sys.argv[1:]
+codec = RowCodec.from_json(load_fc(model).meta["codec"])
+test = read_test(shards)
+x = test.x[:, [test.features.index(f) for f in codec.features]]
+cols = codec.decode(x)
+with open(out, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(codec.features)
+    for i in range(len(x)):
+        w.writerow(["" if v is None or (isinstance(v, float) and np.isnan(v)) else v
+                    for v in (cols[name][i] for name in codec.features)])
+"""
 
 
-def named_in(stderr: str, rank: int) -> tuple[bool, str]:
-    """Whether a line ``mpifc: rank R ...`` (or ``mpifc: ranks A, R ...``) names ``rank``; the line."""
-    for line in stderr.splitlines():
-        m = re.match(r"mpifc: ranks? (\d+(?:, \d+)*)", line)
-        if m and rank in {int(t) for t in m.group(1).split(", ")}:
-            return True, line
-    first = next((ln for ln in stderr.splitlines() if ln.startswith("mpifc:")), "")
-    return False, first
-
-
-def run_cell(phase: str, fault: str, shards: Path, model: Path, work: Path, liveness: float,
-             timeout: float = 120.0) -> Cell:
-    """Run one faulted job and check how it ended (see the module docstring)."""
-    role, kind = FAULTS[fault]
-    rank = RANKS[role]
-    cell = Cell(phase, fault, rank)
-    d = work / f"{phase}-{fault.replace(' ', '-')}"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    log, out = d / "log", d / "out"
-    out.mkdir(exist_ok=True)
-    if phase == "query":
-        args = ["evaluate", str(shards), "--model", str(model), "--distributed", "--ledger", str(out / "query.csv"),
-                "--output-npz", str(out / "joint.npz")]
-        finals = [out / "query.csv", out / "joint.npz"]
+def job_command(job: str, files: dict[str, Path], out: Path, liveness: float) -> tuple[list[str], list[Path]]:
+    """``(mpiexec command, its output files)`` of one job writing into ``out``."""
+    if job == "train":
+        args = ["train", str(files["shards"]), "--learner", "factorized", "--seed", "0",
+                "--model", str(out / "model.h5"), "--ledger", str(out / "ledger.csv")]
+        finals = [out / "model.h5", out / "ledger.csv"]
+    elif job == "evaluate":
+        args = ["evaluate", str(files["shards"]), "--model", str(files["model"]), "--distributed",
+                "--ledger", str(out / "ledger.csv"), "--output-npz", str(out / "joint.npz")]
+        finals = [out / "ledger.csv", out / "joint.npz"]
     else:
-        args = ["train", str(shards), "--learner", "factorized", "--seed", "0", "--model", str(out / "model.h5"),
-                "--ledger", str(out / "train.csv")]
-        finals = [out / "model.h5", out / "train.csv"]
-    cmd = [_mpiexec(), "-n", str(N_RANKS), sys.executable, "-m", "mpifc", *args, "--liveness", f"{liveness:g}"]
-    env = _env({"MPIFC_FAULT": f"{rank}:{phase}:{kind}", "MPIFC_FAULT_LOG": str(log)})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                            start_new_session=True)
+        args = ["query", str(files["model"]), "--data", str(files["rows"]), "--what", "predict", "--distributed",
+                "--out", str(out / "answers.csv"), "--ledger", str(out / "ledger.csv")]
+        finals = [out / "answers.csv", out / "ledger.csv"]
+    cmd = [_mpiexec(), "-n", str(N_RANKS), sys.executable, "-m", "mpifc", *args, "--liveness", f"{liveness:g}",
+           "--quiet"]
+    return cmd, finals
+
+
+# -- processes --------------------------------------------------------------------------------
+def _stat(pid: int) -> tuple[str, str] | None:
+    """``(comm, state)`` of a process, or None if gone."""
     try:
-        _, err = proc.communicate(timeout=timeout)
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    lo, hi = text.find("("), text.rfind(")")
+    return text[lo + 1: hi], text[hi + 2: hi + 3]
+
+
+def alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[1] not in ("Z", "X")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
+            return [int(t) for t in f.read().split()]
+    except OSError:
+        return []
+
+
+def rank_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"PMI_RANK="):
+            return int(item[9:])
+    return None
+
+
+class JobProcesses:
+    """The processes of one running job, found from its ``mpiexec``."""
+
+    def __init__(self, mpiexec: int) -> None:
+        self.mpiexec = mpiexec
+        self.proxy: int | None = None
+        self.ranks: dict[int, int] = {}
+        self.start: str | None = None  # the daemon's start time (its node folder's name)
+
+    def refresh(self) -> None:
+        if self.proxy is None:
+            for c in children(self.mpiexec):
+                st = _stat(c)
+                if st and st[0] == "hydra_pmi_proxy":
+                    self.proxy = c
+                    try:
+                        with open(f"/proc/{c}/stat", encoding="utf-8") as f:
+                            self.start = f.read().rsplit(")", 1)[1].split()[19]
+                    except (OSError, IndexError):
+                        pass
+        if self.proxy is not None and len(self.ranks) < N_RANKS:
+            for c in children(self.proxy):
+                r = rank_of(c)
+                if r is not None:
+                    self.ranks.setdefault(r, c)
+
+    def pid_of(self, target: str) -> int | None:
+        self.refresh()
+        if target == "mpiexec":
+            return self.mpiexec
+        if target == "hydra_pmi_proxy":
+            return self.proxy
+        return self.ranks.get(int(target.split()[1]))
+
+    def folder(self) -> Path | None:
+        if self.proxy is None or self.start is None:
+            return None
+        return Path("/dev/shm") / f"mpifc-{os.getuid()}-{self.proxy}-{self.start}"
+
+
+# -- one cell -----------------------------------------------------------------------------------
+def named_in(stderr: str, target: str) -> tuple[bool, str]:
+    """Whether the ``mpifc:`` line names ``target`` (a rank: ``rank R``/``ranks A, R``; the
+    launcher: the launcher or the whole job, and no rank); the first ``mpifc:`` line."""
+    line = next((ln for ln in stderr.splitlines() if ln.startswith("mpifc:")), "")
+    if target.startswith("rank "):
+        rank = int(target.split()[1])
+        m = re.match(r"mpifc: ranks? (\d+(?:, \d+)*)", line)
+        return bool(m and rank in {int(t) for t in m.group(1).split(", ")}), line
+    ok = re.match(r"mpifc: (the launcher's |interrupted |the job received )", line) is not None
+    return ok, line
+
+
+def _event(moment: str, folder: Path | None) -> bool:
+    """Whether the node folder shows the event a moment waits for."""
+    if folder is None:
+        return False
+    if moment.startswith("up"):
+        return (folder / "rank-0.up").exists()
+    if moment.startswith("final"):
+        return (folder / "rank-0.final").exists()
+    phase = moment.split(":", 1)[1]
+    for p in folder.glob("rank-*.phase"):
+        try:
+            if p.read_text().strip() == phase:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _moment_waiter(moment: str, procs: JobProcesses, t0: float, duration: float):
+    """A function that returns True once the cell's moment has come (False if the job ended
+    first). A moment is a fraction of ``duration`` after the start, or an event of the job:
+    ``up`` (rank 0's heartbeats run: MPI is up), ``phase:P`` (a rank announced phase ``P``),
+    ``final`` (rank 0 has put its outputs in place), each with an optional ``+SECONDS``."""
+    event, _, delay = moment.partition("+")
+
+    def wait(proc: subprocess.Popen) -> bool:
+        if event[0].isdigit():
+            at = t0 + float(event) * duration
+            while time.monotonic() < at:
+                if proc.poll() is not None:
+                    return False
+                procs.refresh()
+                time.sleep(min(0.005, max(0.0, at - time.monotonic())))
+            return proc.poll() is None
+        while proc.poll() is None:
+            procs.refresh()
+            if _event(event, procs.folder()):
+                time.sleep(float(delay or 0.0))
+                return proc.poll() is None
+            time.sleep(0.002)
+        return False
+    return wait
+
+
+def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Path], work: Path,
+             liveness: float, duration: float, timeout: float = 120.0) -> Cell:
+    """Run one job, fault it, and check how it ended (see the module docstring).
+
+    ``fault``: a signal name (``STOP``, ``KILL``, ``TERM``, ``INT``) sent to ``target`` at
+    ``moment`` (see :func:`_moment_waiter`), or an injected fault label (:data:`INJECTED`) at
+    phase ``moment``.
+    """
+    cell = Cell(job, target, fault, moment)
+    d = work / "cells" / f"{job}-{target.replace(' ', '')}-{fault.replace(' ', '-')}-{moment}"
+    shutil.rmtree(d, ignore_errors=True)
+    log, out = d / "log", d / "out"
+    out.mkdir(parents=True)
+    cmd, finals = job_command(job, files, out, liveness)
+    extra = {"MPIFC_FAULT_LOG": str(log)}
+    if fault in INJECTED:
+        rank, kind = INJECTED[fault]
+        extra["MPIFC_FAULT"] = f"{rank}:{moment}:{kind}"
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(extra),
+                            cwd=REPO, start_new_session=True)
+    procs = JobProcesses(proc.pid)
+    err_parts: list[str] = []
+    reader = threading.Thread(target=lambda: err_parts.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    fault_at = None
+    if fault not in INJECTED:
+        if _moment_waiter(moment, procs, t0, duration)(proc):
+            pid = procs.pid_of(target)
+            while pid is None and proc.poll() is None:  # a rank not started yet: send as it appears
+                time.sleep(0.002)
+                pid = procs.pid_of(target)
+            if pid is not None and alive(pid) and not _done(target, procs):
+                os.kill(pid, getattr(signal, f"SIG{fault}"))
+                fault_at = time.monotonic()
+        if fault_at is None:
+            cell.missed = True
+    try:
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
         cell.leftovers.append(f"job still running after {timeout:g} s")
-    ended = time.time()
+    ended = time.monotonic()
+    reader.join(timeout=10.0)  # stderr ends once every holder of it (ranks, sentinel) is gone
+    procs.refresh()
+    err = "".join(err_parts)
     cell.exit = proc.returncode
-    fault_file = log / "fault"
-    if fault_file.is_file():
+    if fault in INJECTED:
+        fault_file = log / "fault"
+        if fault_file.is_file():
+            cell.injected = True
+            cell.seconds = time.time() - (time.monotonic() - ended) - float(fault_file.read_text().split()[3])
+        else:
+            cell.missed = True
+    elif fault_at is not None:
         cell.injected = True
-        cell.seconds = ended - float(fault_file.read_text().split()[3])
-    cell.named, cell.line = named_in(err, rank)
+        cell.seconds = ended - fault_at
     cell.lines = sum(1 for ln in err.splitlines() if ln.startswith("mpifc:"))
-    pids = {p.name: int(p.read_text()) for p in log.glob("*.pid")} if log.is_dir() else {}
+    cell.named, cell.line = named_in(err, target if fault not in INJECTED else f"rank {INJECTED[fault][0]}")
+    cell.leftovers += _leftovers(procs, log, out, finals, success=(target, fault) in IGNORED)
+    cell.ok = cell.injected and not cell.missed and _ended_well(cell, liveness)
+    return cell
+
+
+def _done(target: str, procs: JobProcesses) -> bool:
+    """Whether ``target`` has done its part of the job (a signal then comes after the job): a
+    rank has marked its normal end (it is exiting), the daemon has no rank left, mpiexec no
+    daemon left."""
+    if target.startswith("rank "):
+        folder = procs.folder()
+        return folder is not None and (folder / f"rank-{target.split()[1]}.end").exists()
+    if target == "hydra_pmi_proxy":
+        return len(procs.ranks) == N_RANKS and not any(alive(p) for p in procs.ranks.values())
+    return procs.proxy is not None and not alive(procs.proxy)
+
+
+def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], success: bool) -> list[str]:
+    """What the job left behind a few seconds after mpiexec ended (killing leftover processes)."""
+    pids = {f"rank {r}": p for r, p in procs.ranks.items()}
+    if procs.proxy is not None:
+        pids["hydra_pmi_proxy"] = procs.proxy
+    pids["mpiexec"] = procs.mpiexec
+    for p in log.glob("sentinel-*.pid") if log.is_dir() else []:
+        pids["sentinel"] = int(p.read_text())
     until = time.time() + 5.0
-    while time.time() < until and any(_alive(p) for p in pids.values()):
+    while time.time() < until and any(alive(p) for p in pids.values()):
         time.sleep(0.05)
+    left = []
     for name, pid in sorted(pids.items()):
-        if _alive(pid):
-            cell.leftovers.append(f"process {name[:-4]} (pid {pid})")
+        if alive(pid):
+            left.append(f"process {name} (pid {pid})")
             try:
                 os.kill(pid, signal.SIGKILL)  # do not leave it running on the machine
             except OSError:
                 pass
-    cell.leftovers += [f"file {p.name}" for p in finals if p.exists()]
-    cell.leftovers += [f"partial {p.name}" for p in out.iterdir() if ".partial-" in p.name]
-    cell.ok = (cell.injected and cell.exit not in (0, None) and cell.seconds is not None
-               and cell.seconds <= liveness + 5.0 and cell.named and cell.lines == 1 and not cell.leftovers)
-    return cell
+    if success:
+        left += [f"missing {p.name}" for p in finals if not p.exists()]
+    else:
+        left += [f"file {p.name}" for p in finals if p.exists()]
+    left += [f"partial {p.name}" for p in out.iterdir() if ".partial-" in p.name or p.name.endswith(".tmp")]
+    for p in log.glob("shm-*") if log.is_dir() else []:
+        left += [f"shm {s}" for s in p.read_text().split("\n") if s and os.path.exists(s)]
+    folder = procs.folder()
+    if folder is not None and folder.exists():
+        left.append(f"node folder {folder.name}")
+        shutil.rmtree(folder, ignore_errors=True)
+    return left
 
 
-def run_matrix(work: Path, liveness: float, parallel: int = 3, phases=PHASES, faults=tuple(FAULTS)) -> list[Cell]:
-    """Every (phase, fault) cell, ``parallel`` jobs at a time."""
+def _ended_well(c: Cell, liveness: float) -> bool:
+    if (c.target, c.fault) in IGNORED:  # the job goes on as if nothing happened
+        return c.exit == 0 and c.lines == 0 and not c.leftovers
+    if c.seconds is None or c.seconds > liveness + 5.0 or c.leftovers:
+        return False
+    if c.exit in (0, None) or c.lines != 1 or not c.named:
+        return False
+    if c.target in ("mpiexec", "hydra_pmi_proxy") and c.fault in ("INT", "TERM"):
+        return c.exit == 128 + getattr(signal, f"SIG{c.fault}")
+    return True
+
+
+# -- the matrix ---------------------------------------------------------------------------------
+def clean_durations(files: dict[str, Path], work: Path, liveness: float, repeat: int = 2) -> dict[str, float]:
+    """Median wall seconds of clean runs of each job (they place the moments)."""
+    out: dict[str, float] = {}
+    for job in JOBS:
+        times = []
+        for i in range(repeat):
+            d = work / "clean" / f"{job}-{i}"
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            cmd, _ = job_command(job, files, d, liveness)
+            t0 = time.monotonic()
+            subprocess.run(cmd, check=True, capture_output=True, env=_env(), cwd=REPO, timeout=300)
+            times.append(time.monotonic() - t0)
+        out[job] = statistics.median(times)
+    return out
+
+
+def moments(n: int) -> list[str]:
+    """``n`` moments (see :func:`_moment_waiter`): ``n - 4`` fractions of the job's time spread
+    before its last 0.5 s (start-up included), MPI up and 0.25 s later, and the job's last 0.5 s:
+    rank 0's outputs in place and 0.1 s later."""
+    k = max(n - 4, 1)
+    return [f"{(i + 0.5) / k:.2f}" for i in range(k)] + ["up", "up+0.25", "final", "final+0.1"]
+
+
+def run_cells(specs: list[tuple[str, str, str, str]], work: Path, liveness: float, parallel: int,
+              durations: dict[str, float] | None = None) -> list[Cell]:
+    """Run the cells ``(job, target, fault, moment)``, ``parallel`` jobs at a time."""
     work.mkdir(parents=True, exist_ok=True)
-    shards, model = prepare(work, liveness)
-    cells = [(p, f) for p in phases for f in faults]
+    files = prepare(work, liveness)
+    if durations is None:
+        durations = clean_durations(files, work, liveness)
+    # a fraction is of the time before the job's last 0.5 s
+    spans = {job: max(t - 0.5, 0.2) for job, t in durations.items()}
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(lambda pf: run_cell(pf[0], pf[1], shards, model, work, liveness), cells))
+        return list(pool.map(lambda s: run_cell(*s, files, work, liveness, spans[s[0]]), specs))
 
 
-def table(cells: list[Cell]) -> str:
-    lines = [f"{'phase':8s} {'fault':15s} {'rank':>4s} {'seconds':>8s} {'exit':>5s} {'named':>6s} {'lines':>5s}  leftovers"]
+def full_specs(n_moments: int, jobs=JOBS, targets=TARGETS, signals=SIGNALS, when=None,
+               injected: bool = True) -> list[tuple[str, str, str, str]]:
+    specs = [(job, target, sig, m) for job in jobs for target in targets for sig in signals
+             for m in (when or moments(n_moments))]
+    if injected:
+        specs += [("evaluate" if ph == "query" else "train", f"rank {INJECTED[f][0]}", f, ph)
+                  for ph in PHASES for f in INJECTED if ("evaluate" if ph == "query" else "train") in jobs]
+    return specs
+
+
+def sample_specs() -> list[tuple[str, str, str, str]]:
+    return list(SAMPLE_SIGNALS) + [("evaluate" if ph == "query" else "train", f"rank {INJECTED[f][0]}", f, ph)
+                                   for ph, f in SAMPLE_INJECTED]
+
+
+def summary(cells: list[Cell], liveness: float) -> str:
+    run = [c for c in cells if not c.missed]
+    lines = [f"{'job':9s} {'target':16s} {'runs':>5s} {'missed':>6s} {'hangs':>5s} {'worst s':>8s} {'misnamed':>8s} "
+             f"{'not 1 line':>10s} {'leftovers':>9s} {'failed':>6s}"]
+    groups: dict[tuple[str, str], list[Cell]] = {}
     for c in cells:
-        secs = f"{c.seconds:8.2f}" if c.seconds is not None else "       -"
-        lines.append(f"{c.phase:8s} {c.fault:15s} {c.rank:4d} {secs} {str(c.exit):>5s} {'yes' if c.named else 'NO':>6s}"
-                     f" {c.lines:5d}  {', '.join(c.leftovers) or 'none'}{'' if c.ok else '   <- FAILED'}")
-    return "\n".join(lines)
+        groups.setdefault((c.job, c.target if c.fault not in INJECTED else "injected"), []).append(c)
+    for (job, target), cs in list(groups.items()) + [(("all", ""), cells)]:
+        r = [c for c in cs if not c.missed]
+        worst = max((c.seconds for c in r if c.seconds is not None), default=float("nan"))
+        hangs = sum(1 for c in r if (c.seconds is None or c.seconds > liveness + 5.0)
+                    and not ((c.target, c.fault) in IGNORED and c.exit == 0))
+        lines.append(f"{job:9s} {target:16s} {len(r):5d} {len(cs) - len(r):6d} {hangs:5d} {worst:8.2f} "
+                     f"{sum(1 for c in r if not c.named and (c.target, c.fault) not in IGNORED):8d} "
+                     f"{sum(1 for c in r if c.lines != (0 if (c.target, c.fault) in IGNORED else 1)):10d} "
+                     f"{sum(1 for c in r if c.leftovers):9d} {sum(1 for c in r if not c.ok):6d}")
+    return "\n".join(lines) + f"\n{len(run)} runs"
+
+
+def failed_table(cells: list[Cell]) -> str:
+    bad = [c for c in cells if not c.missed and not c.ok]
+    rows = [f"{c.job:9s} {c.target:16s} {c.fault:14s} {c.moment:9s} {c.seconds if c.seconds is None else round(c.seconds, 2)!s:>7s} "
+            f"exit {c.exit!s:>4s} lines {c.lines} {'named' if c.named else 'NOT NAMED'}  {c.line[:110]!r} "
+            f"{'; '.join(c.leftovers)}" for c in bad]
+    return "\n".join(rows) if rows else "(no failed cell)"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--liveness", type=float, default=3.0, help="--liveness of every job (default 3)")
-    ap.add_argument("--parallel", type=int, default=3, help="jobs at a time (default 3)")
+    ap.add_argument("--liveness", type=float, default=3.0, help="--liveness of every job")
+    ap.add_argument("--parallel", type=int, default=3, help="jobs at a time")
+    ap.add_argument("--moments", type=int, default=10, help="moments per job, target and signal (>= 3)")
+    ap.add_argument("--sample", action="store_true", help="only the sample of cells that tests/reliability runs")
+    ap.add_argument("--jobs", default=",".join(JOBS), help="jobs to run (comma-separated)")
+    ap.add_argument("--targets", default=",".join(TARGETS), help="processes to signal (comma-separated)")
+    ap.add_argument("--signals", default=",".join(SIGNALS), help="signals to send (comma-separated)")
+    ap.add_argument("--when", default=None, help="moments instead of --moments (comma-separated, e.g. up,final)")
+    ap.add_argument("--no-injected", action="store_true", help="signal cells only")
     ap.add_argument("--work", default=None, help="working folder (default: a new temp folder)")
     ap.add_argument("--out", default=None, help="CSV of every cell")
     args = ap.parse_args()
@@ -195,12 +517,18 @@ def main() -> int:
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mpifc-faults-"))
     t0 = time.time()
-    cells = run_matrix(work, args.liveness, args.parallel)
-    print(table(cells))
-    bad = sum(not c.ok for c in cells)
-    print(f"{len(cells)} cells, {len(cells) - bad} ok, {bad} failed; --liveness {args.liveness:g}, "
-          f"{args.parallel} jobs at a time, {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores")
+    load0 = os.getloadavg()[0]
+    split = lambda text: [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
+    specs = sample_specs() if args.sample else full_specs(
+        args.moments, split(args.jobs), split(args.targets), split(args.signals),
+        split(args.when) if args.when else None, not args.no_injected)
+    cells = run_cells(specs, work, args.liveness, args.parallel)
+    print(failed_table(cells))
+    print(summary(cells, args.liveness))
+    bad = sum(1 for c in cells if not c.missed and not c.ok)
+    print(f"{len(cells)} cells, {sum(1 for c in cells if c.missed)} missed (the job had ended), {bad} failed; "
+          f"--liveness {args.liveness:g}, {args.parallel} jobs at a time, {time.time() - t0:.0f} s; "
+          f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores")
     if args.out:
         with open(args.out, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=list(asdict(cells[0])))

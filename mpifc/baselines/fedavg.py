@@ -42,7 +42,7 @@ class FedAvgConfig:
         hidden: hidden layer widths of the MLP.
         seed: initialisation, shuffling and client-sampling seed.
         dtype: ``"float32"`` or ``"float64"``: parameters travel in it.
-        deadline: seconds any send/receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None for none.
         save_params: rank 0 writes the final global parameters ``(M,)`` here (``.npy``).
         device: ``--device`` of every rank (auto, cpu, cuda, cuda:N): where its MLP trains;
             parameters travel as CPU arrays of ``dtype`` whatever the device. None: the command
@@ -58,7 +58,7 @@ class FedAvgConfig:
     hidden: tuple[int, ...] = field(default_factory=lambda: DEFAULT_HIDDEN)
     seed: int = 0
     dtype: str = "float32"
-    deadline: float = 300.0
+    deadline: float | None = None
     save_params: str | None = None
     device: str | None = None
 
@@ -78,8 +78,9 @@ class FedAvgConfig:
         """Arguments of ``mpifc baseline fedavg`` for these settings (for launchers)."""
         argv = [self.dir, "--rounds", str(self.rounds), "--local-epochs", str(self.local_epochs),
                 "--fraction", repr(self.fraction), "--batch-size", str(self.batch_size), "--lr", repr(self.lr),
-                "--hidden", ",".join(map(str, self.hidden)), "--seed", str(self.seed), "--dtype", self.dtype,
-                "--deadline", repr(self.deadline)]
+                "--hidden", ",".join(map(str, self.hidden)), "--seed", str(self.seed), "--dtype", self.dtype]
+        if self.deadline is not None:
+            argv += ["--deadline", repr(self.deadline)]
         argv += ["--device", self.device] if self.device else []
         return argv + (["--save-params", self.save_params] if self.save_params else [])
 

@@ -51,7 +51,7 @@ class SplitNNConfig:
         bottom_hidden, top_hidden: hidden widths of the bottom and top MLPs.
         seed: initialisation and shuffling seed.
         dtype: ``"float32"`` or ``"float64"``: activations and gradients travel in it.
-        deadline: seconds any send/receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None for none.
         save_params: directory where each rank writes its final parameters (``top.npy``,
             ``bottom-<c>.npy``); local files only, nothing extra is sent.
         device: ``--device`` of every rank (auto, cpu, cuda, cuda:N): where its MLP computes;
@@ -68,7 +68,7 @@ class SplitNNConfig:
     top_hidden: tuple[int, ...] = field(default_factory=lambda: DEFAULT_TOP)
     seed: int = 0
     dtype: str = "float32"
-    deadline: float = 300.0
+    deadline: float | None = None
     save_params: str | None = None
     device: str | None = None
 
@@ -87,7 +87,9 @@ class SplitNNConfig:
         argv = [self.dir, "--epochs", str(self.epochs), "--cut", str(self.cut), "--batch-size", str(self.batch_size),
                 "--lr", repr(self.lr), "--bottom-hidden", ",".join(map(str, self.bottom_hidden)),
                 "--top-hidden", ",".join(map(str, self.top_hidden)), "--seed", str(self.seed),
-                "--dtype", self.dtype, "--deadline", repr(self.deadline)]
+                "--dtype", self.dtype]
+        if self.deadline is not None:
+            argv += ["--deadline", repr(self.deadline)]
         argv += ["--device", self.device] if self.device else []
         return argv + (["--save-params", self.save_params] if self.save_params else [])
 

@@ -13,14 +13,20 @@ that adds its flags (see :class:`Command`).
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+from mpifc.runtime import signals as _signals
 
-import mpifc
-from mpifc.errors import UserError
+# Under a launcher, a Ctrl-C or SIGTERM ends the job with one line from here on, even while the
+# rest of the command is still being imported (mpifc.runtime.signals).
+_signals.install(_signals.env_rank())
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import mpifc  # noqa: E402
+from mpifc.errors import UserError  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -159,23 +165,38 @@ def _start_ticker(argv: list[str]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (aborts the MPI job on any rank's failure)."""
+    _take_signals()
     tick = _start_ticker(list(sys.argv[1:] if argv is None else argv))
     try:
         args = parse_args(argv)
         if tick is not None and (getattr(args, "json", False) or getattr(args, "quiet", False)):
             tick.stop()  # a config file asked for it
-        return int(resolve_handler(args.command)(args) or 0)
+        code = int(resolve_handler(args.command)(args) or 0)
     except SystemExit as e:
         # argparse's own errors and --help: every rank parsed the same argv, so all exit alike.
         if e.code in (None, 0) or not _mpi_running_multi():
             raise
         _abort(e)
+        return 1
     except BaseException as e:  # noqa: BLE001 - any failure must end the whole job
         _abort(e)
+        return 1
     finally:
         if tick is not None:
             tick.stop()
-    return 1
+    _signals.leave(code)  # under a launcher: MPI_Finalize, the end mark, and the exit at once
+    return code
+
+
+def _take_signals() -> None:
+    """Under a launcher, from the command's start: the rank meets its node, whose sentinel then
+    watches it and the launcher (:mod:`mpifc.runtime.node`); SIGINT and SIGTERM end the job with
+    one line (:mod:`mpifc.runtime.signals`, taken as this module is imported)."""
+    if _signals.env_rank() is not None:
+        from mpifc.runtime import node
+        from mpifc.runtime.liveness import DEFAULT_LIMIT_S
+
+        node.join_early(sys.argv[1:], DEFAULT_LIMIT_S)
 
 
 def _mpi_running_multi() -> bool:

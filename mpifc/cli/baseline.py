@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import add_device_argument, add_overwrite_argument, parse_kv
+from mpifc.cli.common import add_deadline_argument, add_device_argument, add_overwrite_argument, parse_kv
 from mpifc.federated.hyperparameters import check_hyperparameters
 
 
@@ -25,7 +25,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="parameter and activation dtype (sets the itemsize on the wire)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV (written by rank 0)")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_deadline_argument(p)
     add_device_argument(p, "MLP (training and prediction)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line on rank 0")
     add_overwrite_argument(p)
@@ -81,7 +81,7 @@ def add_decentralized_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE",
                    help="dl: extra LearnSPN hyperparameter (repeatable; checked like mpifc train's)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
-    p.add_argument("--deadline", type=float, default=600.0, help="seconds any send or receive may wait")
+    add_deadline_argument(p)
     p.add_argument("--json", action="store_true", help="print the bytes per phase as one JSON line")
     add_overwrite_argument(p)
 

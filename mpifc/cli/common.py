@@ -36,6 +36,14 @@ def add_audit_arguments(p: argparse.ArgumentParser) -> None:
                         "meta says so")
 
 
+def add_deadline_argument(p: argparse.ArgumentParser) -> None:
+    """``--deadline S``: the job's wall-clock limit (every MPI job)."""
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="end the job if it runs longer than S seconds of wall-clock time, saying what each rank was "
+                        "doing (> 0; default: no limit: a frozen, killed or ended rank, and ranks that all wait for "
+                        "one another, end the job within --liveness)")
+
+
 def add_output_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """``--json`` (``what`` as one JSON line instead of text) or ``--quiet`` (nothing)."""
     out = p.add_mutually_exclusive_group()
@@ -69,8 +77,7 @@ def add_device_argument(p: argparse.ArgumentParser, what: str = "EiNet and RAT-S
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags every MPI job has: ``--deadline``, ``--liveness`` and ``--device``."""
-    p.add_argument("--deadline", type=float, default=300.0, metavar="S",
-                   help="seconds any single send or receive may wait before the job aborts (> 0)")
+    add_deadline_argument(p)
     add_liveness_argument(p)
     add_device_argument(p, "torch work")
 

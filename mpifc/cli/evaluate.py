@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mpifc.cli.common import (add_audit_arguments, add_device_argument, add_liveness_argument, add_output_arguments,
-                              add_overwrite_argument)
+from mpifc.cli.common import (add_audit_arguments, add_deadline_argument, add_device_argument, add_liveness_argument,
+                              add_output_arguments, add_overwrite_argument)
 from mpifc.cli.train import FAMILIES
 
 
@@ -26,7 +26,7 @@ def add_fedpc_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                         "average over the repeated rows)")
     p.add_argument("--ledger", default=None, help="per-message ledger CSV")
     p.add_argument("--output-npz", default=None, help="write per-sample class log-joints (n, k) here")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_deadline_argument(p)
     add_liveness_argument(p)
     add_device_argument(p, "EiNet and RAT-SPN leaf PCs")
     add_audit_arguments(p)

@@ -37,7 +37,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from mpifc.atomic import OutputKind
-from mpifc.cli.common import add_device_argument, add_liveness_argument, add_output_arguments, add_overwrite_argument
+from mpifc.cli.common import (add_deadline_argument, add_device_argument, add_liveness_argument, add_output_arguments,
+                              add_overwrite_argument)
 from mpifc.errors import UserError
 
 QUESTIONS = ("ll", "predict", "mpe", "sample", "marginal")
@@ -69,7 +70,7 @@ def add_query_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer with the distributed passes over the circuit's ranks (run under mpiexec)")
     p.add_argument("--ledger", default=None, metavar="FILE", help="--distributed: per-message ledger CSV")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per pass")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send or receive may wait")
+    add_deadline_argument(p)
     add_liveness_argument(p)
     add_device_argument(p, "EiNet and RAT-SPN leaf PCs")
     add_overwrite_argument(p)
@@ -439,17 +440,6 @@ def _cell(v: Any) -> str:
             return ""
         return str(int(f)) if f.is_integer() and abs(f) < 1e15 else repr(f)
     return str(v)
-
-
-def _write_csv(path: str | Path, header: list[str], lines: list[list[Any]]) -> None:
-    """The answer file, atomically (a failed write: UserError naming ``--out``)."""
-    from mpifc.atomic import atomic_write_text
-
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    w.writerows(lines)
-    atomic_write_text(path, buf.getvalue())
 
 
 def is_answer_file(path: str | Path) -> bool:

@@ -10,8 +10,8 @@ import functools
 import math
 from typing import Any
 
-from mpifc.cli.common import (add_audit_arguments, add_device_argument, add_liveness_argument, add_output_arguments,
-                              add_overwrite_argument, comma_ints, parse_kv)
+from mpifc.cli.common import (add_audit_arguments, add_deadline_argument, add_device_argument, add_liveness_argument,
+                              add_output_arguments, add_overwrite_argument, comma_ints, parse_kv)
 from mpifc.errors import UserError
 from mpifc.federated.assign import ASSIGN_STRATEGIES
 from mpifc.federated.defaults import PRESETS, RULE_HELP
@@ -75,7 +75,7 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--em-iters", type=int, default=None,
                    help="EM iterations for --refine em (>= 1; default 5, or 10 under the class glue's EM)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds any send/receive may wait")
+    add_deadline_argument(p)
     add_liveness_argument(p)
     add_device_argument(p, "EiNet and RAT-SPN client PCs (fit, EM)")
     add_audit_arguments(p)

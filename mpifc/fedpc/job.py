@@ -101,7 +101,7 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
     return cfg
 
 
-def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+def train(cfg: dict[str, Any], *, deadline: float | None = None, ledger: str | None = None,
           liveness: float = DEFAULT_LIMIT_S, on_summary: Callable[[dict[str, Any]], None] | None = None,
           device: str | None = None) -> int:
     """Run one-pass FedPC training as an MPI job on every rank; returns the exit code.
@@ -111,7 +111,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
             ``products``, ``seed``, ``hyperparameters``, ``model``, ``assign``, ``servers``,
             ``audit``, ``refine``, ``em_iters``, ``em_initial_model``, ``exclusive_timing``,
             ``json``), as :func:`mpifc.cli.train.train_config` builds them.
-        deadline: seconds any single send or receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None (see :func:`mpifc.runtime.job.run_job`).
         ledger: where rank 0 writes the per-message ledger CSV.
         liveness: seconds a rank may show no sign of life before the job ends naming it.
         on_summary: called on rank 0 with the training summary once every rank is done (it adds
@@ -182,7 +182,7 @@ def _evaluate_job(ctx: Any) -> int:
     return 0
 
 
-def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+def evaluate(cfg: dict[str, Any], *, deadline: float | None = None, ledger: str | None = None,
              liveness: float = DEFAULT_LIMIT_S, on_result: Callable[[dict[str, Any]], None] | None = None,
              device: str | None = None) -> int:
     """Evaluate a trained FC (distributed or gathered) as an MPI job; returns the exit code.
@@ -191,7 +191,7 @@ def evaluate(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None
         cfg: the settings (``dir``, ``model``, ``distributed``, ``evidence``, ``batch``,
             ``output_npz``, ``audit``, ``query_rows``, ``query``, ``n_samples``, ``seed``,
             ``out``), as :func:`mpifc.cli.evaluate.evaluate_config` builds them.
-        deadline: seconds any single send or receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None (see :func:`mpifc.runtime.job.run_job`).
         ledger: where rank 0 writes the per-message ledger CSV.
         liveness: seconds a rank may show no sign of life before the job ends naming it.
         on_result: called on rank 0 with the metrics (with the query's bytes and messages from the
@@ -308,7 +308,7 @@ def _install_model_check(ctx: Any, cfg: dict[str, Any], manifest: Any) -> Any:
 
 
 # -- query ---------------------------------------------------------------------------------------
-def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledger: str | None = None,
+def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float | None = None, ledger: str | None = None,
           liveness: float = DEFAULT_LIMIT_S, device: str | None = None,
           write_answer: Callable[[Any, Any], None] | None = None) -> int:
     """Answer a user's rows with the distributed passes (``mpifc query --distributed``); returns
@@ -319,7 +319,7 @@ def query(cfg: dict[str, Any], load_rows: Any, *, deadline: float = 300.0, ledge
             :func:`mpifc.fedpc.user_query.query_rank`).
         load_rows: called on rank 0 only, inside the job: returns the ``(n, D)`` model rows (it
             reads and encodes the user's file, so only the querier ever sees it).
-        deadline: seconds any single send or receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None (see :func:`mpifc.runtime.job.run_job`).
         ledger: where rank 0 writes the per-message ledger CSV.
         device: ``--device``: where each rank's EiNet and RAT-SPN leaf PCs compute; None: auto.
         write_answer: called on rank 0 inside the job as ``write_answer(answer, stage)``, where

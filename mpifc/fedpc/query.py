@@ -27,6 +27,7 @@ from mpifc.errors import UserError
 from mpifc.federated.evaluate import Columns, Query, combine, leaf_values
 from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.fedpc import protocol as P
+from mpifc.runtime.watchdog import backoff
 
 
 def batches(n: int, size: int) -> list[tuple[int, int]]:
@@ -100,9 +101,10 @@ def own_evidence(own: Any, lo: int, hi: int, blank: str | None = None) -> Column
     return cols
 
 
-# Waiting for a peer that computes: sleep between polls, from POLL_MIN_S doubling to POLL_MAX_S.
-# On an oversubscribed node (more ranks than cores) a busy-waiting rank takes CPU time from the
-# very ranks it waits for; a poll every <= 1 ms costs little latency beside a batch's pass.
+# Waiting for a peer that computes: sleep between polls, from POLL_MIN_S doubling to POLL_MAX_S,
+# then longer as the wait lasts (mpifc.runtime.watchdog.backoff). On an oversubscribed node (more
+# ranks than cores) a busy-waiting rank takes CPU time from the very ranks it waits for; a poll
+# every <= 1 ms costs little latency beside a batch's pass.
 POLL_MIN_S = 20e-6
 POLL_MAX_S = 1e-3
 
@@ -138,7 +140,7 @@ def await_messages(transport: Any, sources: list[int], kind: Any) -> list[tuple[
             # what this rank waits for, carried by its heartbeats (mpifc.runtime.liveness)
             transport.awaiting = (left[0] if len(left) == 1 else -1, kind.kind_id)
             time.sleep(sleep)
-            sleep = min(2 * sleep, POLL_MAX_S)
+            sleep = backoff(sleep, time.perf_counter() - start, POLL_MAX_S)
     finally:
         transport.awaiting = None
     return got
@@ -171,7 +173,7 @@ def await_sends(transport: Any, pending: list[Any]) -> None:
                 kind = getattr(p, "kind", None)  # what this rank waits for, carried by its heartbeats
                 transport.awaiting = (getattr(p, "dest", -1), kind.kind_id if kind is not None else 0)
                 time.sleep(sleep)
-                sleep = min(2 * sleep, POLL_MAX_S)
+                sleep = backoff(sleep, time.perf_counter() - start, POLL_MAX_S)
             p.wait()  # at once when complete; past the deadline the transport's wait raises, naming the peer
     finally:
         transport.awaiting = None

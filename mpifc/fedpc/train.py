@@ -230,6 +230,22 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
         cfg["_moment_coincidences"] = guard.coincidences  # for the audit report (mpifc.fedpc.job)
 
 
+def released(report: ClientReport, shard: Any) -> ClientReport:
+    """``report``'s PCs as the server receives them from the client's rank: each through the
+    wire bytes, its Gaussian moments moved off the grid of the client's rare values
+    (:class:`mpifc.circuit.privacy.MomentGuard`), so a one-process build equals the MPI job."""
+    from mpifc.circuit.privacy import MomentGuard
+    from mpifc.federated.wire_format import set_release_guard
+
+    set_release_guard(MomentGuard(client_rare_values(shard)))
+    try:
+        for leaf in report.leaves:
+            leaf.model = model_from_bytes(model_to_bytes(leaf.model))
+    finally:
+        set_release_guard(None)
+    return report
+
+
 def client_rare_values(shard: Any) -> np.ndarray:
     """The values that fewer than k rows of a client's shard (training, validation and test
     rows) hold in its real columns (:func:`mpifc.circuit.privacy.rare_values`)."""

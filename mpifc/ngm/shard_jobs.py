@@ -109,7 +109,7 @@ def _train_job(ctx: Any) -> int:
     return 0
 
 
-def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = None,
+def train(cfg: dict[str, Any], *, deadline: float | None = None, ledger: str | None = None,
           as_json: bool = False) -> int:
     """Run FedNGM training as an MPI job; returns the exit code (2 on refusal or bad input).
 
@@ -118,7 +118,7 @@ def train(cfg: dict[str, Any], *, deadline: float = 300.0, ledger: str | None = 
             ``batch_size``, ``lr``, ``calib_rows``, ``samples``, ``proportional``, ``public``,
             ``graph_alpha``, ``stitch_hidden``, ``save_local``, ``folds``, ``fold``, ``features``
             (as :func:`mpifc.cli.train.ngm_train_config` builds them).
-        deadline: seconds any single send or receive may wait.
+        deadline: the job's wall-clock limit in seconds, or None (see :func:`mpifc.runtime.job.run_job`).
         ledger: where rank 0 writes the per-message ledger CSV.
         as_json: rank 0 prints the summary as one JSON line.
     """

@@ -6,14 +6,15 @@ Modules (one reason to change each):
   kinds      registry of named message kinds and their payload classes (ids = MPI tags)
   wire       the typed header that precedes every payload
   payload    arrays, tensors and pickled objects as payload bytes, and back
-  transport  send/recv of arrays, tensors and small objects, with deadlines
-  watchdog   the thread that enforces deadlines of waits done inside MPI
+  transport  send/recv of arrays, tensors and small objects, with optional deadlines
+  watchdog   the thread that ends waits done inside MPI (soft limits, deadlines); polling back-off
   bufpool    recycled buffers for large receives (2 MiB-aligned huge pages where the OS has them)
   ledger     one row per message; gathered to rank 0; CSV and per-link/phase summaries
   job        run_job(main): communicator, ledger, transport, roles, device, fail-fast, liveness
-  liveness   heartbeats on a side communicator: a silent or early-ended rank ends the job
+  liveness   heartbeats on a side communicator: a silent or early-ended rank, or a deadlock, ends the job
   node       the node folder the ranks share before and beside MPI, and its sentinel process
-  sentinel   the per-node process that names killed ranks and watches start-up (stdlib only)
+  sentinel   the per-node process that watches the ranks and the launcher from outside MPI (stdlib only)
+  signals    SIGINT/SIGTERM/SIGUSR1 on a thread of their own; a rank's normal end
   outputs    output files renamed into place only when the whole job succeeded
   faults     MPIFC_FAULT: fault injection at a named phase, for tests
   jsonout    strict JSON lines (non-finite numbers become null with a reason)
@@ -21,7 +22,7 @@ Modules (one reason to change each):
   roles      server and client ranks
   device     cuda:(local_rank % n_gpus) or cpu
   launcher   detects an mpiexec that does not match mpi4py's MPI
-  failure    error reporting and MPI_Abort
+  failure    error reporting: one line per job, every rank of a node exiting with one code
   info       the `mpifc info` job (library, ranks, devices)
 
 Names below are imported lazily so ``import mpifc.runtime`` does not start MPI.

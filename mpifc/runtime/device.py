@@ -38,8 +38,19 @@ def wants_cuda(value: str | None) -> bool:
     return parse_device(value).startswith("cuda")
 
 
+LOCAL_RANK_VARIABLES = (("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),                       # MPICH hydra
+                        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"))  # Open MPI
+
+
 def local_rank_of(comm: Any) -> tuple[int, int]:
-    """``(local rank, ranks on this node)`` from MPI's shared-memory split (no launcher env needed)."""
+    """``(local rank, ranks on this node)``: from the launcher's environment where it says, else
+    from MPI's shared-memory split (a collective)."""
+    import os
+
+    for rank_var, size_var in LOCAL_RANK_VARIABLES:
+        r, n = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
+        if r.isdigit() and n.isdigit() and int(r) < int(n) and comm.Get_size() > 1:
+            return int(r), int(n)
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())

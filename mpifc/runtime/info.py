@@ -37,7 +37,7 @@ def info_job(ctx: JobContext) -> int:
     from mpi4py import MPI
     import mpi4py
 
-    lines = ctx.comm.gather(_rank_line(ctx), root=0)
+    lines = ctx.transport.gather_obj(_rank_line(ctx), root=0)
     if ctx.rank == 0:
         major, minor = MPI.Get_version()
         library = " ".join(MPI.Get_library_version().split("\n")[0].split())
@@ -57,7 +57,7 @@ def info_job(ctx: JobContext) -> int:
     return 0
 
 
-def run_info(deadline: float = 300.0, device: str | None = None, liveness: float = 10.0) -> int:
+def run_info(deadline: float | None = None, device: str | None = None, liveness: float = 10.0) -> int:
     """Run the ``mpifc info`` job on every rank of ``COMM_WORLD``; returns the exit code."""
     return run_job(info_job, deadline=deadline, device=device, liveness=liveness)
 

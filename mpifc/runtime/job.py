@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -114,33 +115,40 @@ class JobContext:
 
 
 def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] | None = None,
-            servers: tuple[int, ...] | int = (0,), min_clients: int = 0, deadline: float = 300.0,
+            servers: tuple[int, ...] | int = (0,), min_clients: int = 0, deadline: float | None = None,
             liveness: float = DEFAULT_LIMIT_S, device: str | None = None, ledger_csv: str | Path | None = None,
             summary_csv: str | Path | None = None, print_summary: bool = False,
             on_ledger: Callable[[LedgerTable], None] | None = None) -> int:
     """Run ``main(ctx)`` on every rank of ``COMM_WORLD``.
 
-    After ``main`` returns on every rank (a deadline-bounded barrier), the ledgers are gathered to
-    rank 0, which writes ``ledger_csv`` / ``summary_csv``, prints the summary table if asked, and
-    calls ``on_ledger(table)``. Only then, after one more barrier, does every rank rename the
-    outputs it staged (:meth:`JobContext.stage`, the ledger CSVs included) to their final paths:
-    a failed job leaves none of them there.
+    After ``main`` returns on every rank (a barrier), the ledgers are gathered to rank 0, which
+    writes ``ledger_csv`` / ``summary_csv``, prints the summary table if asked, and calls
+    ``on_ledger(table)``. Only then, after one more barrier, does every rank rename the outputs
+    it staged (:meth:`JobContext.stage`, the ledger CSVs included) to their final paths: a failed
+    job leaves none of them there (one that fails later still, e.g. frozen in ``MPI_Finalize``,
+    has them removed by the node sentinel).
 
     From the start every rank shows it is alive: before MPI is up through its node folder and
     the node sentinel (:mod:`mpifc.runtime.node`), then by heartbeats
-    (:mod:`mpifc.runtime.liveness`). A rank silent for ``liveness`` seconds, or one that ended
-    while a peer waits for it, ends the job with one line naming it and its phase.
+    (:mod:`mpifc.runtime.liveness`). A rank silent for ``liveness`` seconds, one that ended
+    while a peer waits for it, or a job whose every rank waits for another, ends the job with
+    one line naming the rank and its phase. Every wait of the runner itself (barriers, the
+    ledger gather) is polled from Python with sleeps, so the heartbeat threads always run.
 
-    Any exception on any rank prints ``mpifc: rank R: <ErrorType>: <message>`` and aborts the
-    whole job (``MPI_Abort``, exit code 2 for a :class:`~mpifc.errors.UserError`, 1 otherwise), or
-    exits the process when the job has one rank: this function returns only on success.
+    Any exception on any rank prints ``mpifc: rank R: <ErrorType>: <message>`` and ends the
+    whole job (exit code 2 for a :class:`~mpifc.errors.UserError`, 1 otherwise; see
+    :mod:`mpifc.runtime.failure`), or exits the process when the job has one rank: this function
+    returns only on success. SIGINT and SIGTERM end the job with one line and exit codes 130 and
+    143 (:mod:`mpifc.runtime.signals`).
 
     Args:
         main: the job function, run on every rank; returns an exit code (``None`` = 0).
         config: settings handed to ``main`` as ``ctx.config``.
         servers: server ranks, or their number.
         min_clients: fail with a clear error when fewer client ranks are started.
-        deadline: seconds any single send/receive may wait (> 0).
+        deadline: the job's wall-clock limit in seconds (> 0), or None for none: a job still
+            running then ends with one line saying what each rank was doing. Waits themselves
+            have no limit: a peer that is silent, ended or waiting in turn is found by liveness.
         liveness: seconds a rank may show no sign of life before the job ends (> 0).
         device: ``--device`` override (``None``/``"auto"`` picks ``cuda:(local_rank % n_gpus)``).
         ledger_csv, summary_csv: where rank 0 writes the per-message and the summary CSVs.
@@ -151,7 +159,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         The largest exit code returned by ``main`` over all ranks.
     """
     try:
-        if not deadline > 0:
+        _cpu_mark("runner_start")
+        if deadline is not None and not deadline > 0:
             raise UserError(f"--deadline must be > 0 seconds, got {deadline:g}")
         if not liveness > 0:
             raise UserError(f"--liveness must be > 0 seconds, got {liveness:g}")
@@ -160,10 +169,25 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         device = parse_device(device)
         faults.load()
         from mpifc.runtime import node as node_mod
+        from mpifc.runtime import signals
+        from mpifc.runtime.launcher import launcher_size
+        from mpifc.runtime.roles import Roles
 
         rank0 = env_rank()
-        node = node_mod.NodeView.join(rank0, liveness)
-        node_mod.set_current(node)
+        started = launcher_size()
+        if started is not None:
+            # Too few (or too many) ranks: said before MPI starts, by rank 0 alone.
+            Roles.build(started[1], servers, min_clients)
+        if rank0 is not None:
+            signals.install(rank0)
+        node = node_mod.current()  # met at the command's start (mpifc.cli), or now
+        if node is not None:
+            node.begin_job(liveness)
+        else:
+            node = node_mod.NodeView.join(rank0, liveness)
+            node_mod.set_current(node)
+        if node is not None:
+            node.in_job = True
         if rank0 is not None:
             faults.note(f"rank-{rank0}.pid", str(os.getpid()))
             if node is not None and node.sentinel is not None:
@@ -178,6 +202,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             return 0
         if node is not None:
             node.mark("ready")
+        # Where a job still ends through MPI_Abort, MPICH adds a line of its own unless told not to.
+        os.environ.setdefault("MPIR_CVAR_SUPPRESS_ABORT_MESSAGE", "1")
 
         from mpi4py import MPI
 
@@ -185,15 +211,17 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         from mpifc.runtime.launcher import check_launcher_matches
         from mpifc.runtime.liveness import DONE, FINAL, Liveness, set_current
         from mpifc.runtime.outputs import set_current as set_outputs
-        from mpifc.runtime.roles import Roles
         from mpifc.runtime.transport import Transport
 
         world = MPI.COMM_WORLD
         check_launcher_matches(world.Get_size())
         comm = world.Dup()
         rank, size = comm.Get_rank(), comm.Get_size()
+        if node is not None:
+            shm = node.note_shared_memory()
+            faults.note(f"shm-{rank}", "\n".join(shm))
         ledger = CommLedger(rank, size)
-        transport = Transport(comm, ledger, deadline)
+        transport = Transport(comm, ledger, float("inf"))
         live = Liveness(world, liveness, node, transport, on_silent=lambda line: abort_with_line(line, 1)) \
             if size > 1 else None
         if live is not None:
@@ -201,6 +229,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             live.start()
         if node is not None:
             node.mark("up")
+        _cpu_mark("mpi_up")
+        clock = _job_clock(deadline, rank, transport, live)
         outputs = StagedOutputs(node)
         set_outputs(outputs)
         roles = Roles.build(size, servers, min_clients)
@@ -221,7 +251,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         write_module_report(rank, "server" if roles.is_server(rank) else "client", ctx.notes)
         if live is not None:
             live.set_state(DONE)
-        # Every rank must be done before the collective gather; the barrier keeps the deadline.
+        # Every rank must be done before the ledgers are gathered.
         ledger.set_phase("teardown")
         transport.flush()
         transport.barrier()
@@ -231,8 +261,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             # part of the protocol (e.g. it returned early), and its result cannot be trusted.
             raise ProtocolError(f"ended its job with an unreceived {left[1]!r} message from rank {left[0]} "
                                 f"(the job's protocol did not complete)")
-        table = ledger.gather(comm)
-        code = comm.allreduce(code, op=MPI.MAX)
+        table = ledger.gather(transport)
+        code = transport.allreduce_max(code)
         if table is not None:
             if ledger_csv:
                 table.write_csv(ctx.stage(ledger_csv))
@@ -246,6 +276,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
                 on_ledger(table)
         # Rank 0 has written everything: every rank may put its outputs in place.
         transport.barrier()
+        if clock is not None:
+            clock.cancel()
         if code == 0:
             outputs.commit()
         else:
@@ -257,10 +289,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             set_current(None)
         if node is not None:
             node.mark("final")
+            node.in_job = False
         comm.Free()
-        if node is not None:
-            node.mark("end")
-            node_mod.set_current(None)
         return code
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         abort_job(exc)
@@ -297,11 +327,63 @@ def check_devices(comm: Any, local_rank: int, device: str) -> None:
     os._exit(2)
 
 
+def _job_clock(deadline: float | None, rank: int, transport: Any, live: Any) -> Any:
+    """A timer that ends the job at its wall-clock ``deadline`` (None: no timer). Rank 0, which
+    hears every rank's heartbeats, says what each does; the others end the job themselves only
+    if rank 0 could not (two liveness limits later)."""
+    if deadline is None or deadline == float("inf"):
+        return None
+    import threading
+
+    def expired() -> None:
+        from mpifc.runtime.liveness import describe_wait
+
+        if live is not None:
+            states = live.describe_ranks()
+        else:
+            states = f"rank {rank} {describe_wait(rank, transport.awaiting) or 'computes'}"
+        abort_with_line(f"mpifc: the job ran past its --deadline of {deadline:g} s (wall clock): {states}; "
+                        f"ending the job", 1)
+
+    timer = threading.Timer(deadline if rank == 0 or live is None else deadline + 2 * live.limit + 1.0, expired)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 MODULE_REPORT_ENV = "MPIFC_MODULE_REPORT"
 """Names a folder: every rank of a job writes ``rank-<R>.json`` there when its job function has
-returned, with its role, the job function's notes (:attr:`JobContext.notes`), the sorted top-level names of the modules it has loaded and its peak
-resident set size (MB). How the tests show that a rank did not import what it does not need
-(torch, scikit-learn) and how the start-up benchmark reads each rank's memory."""
+returned, with its role, the job function's notes (:attr:`JobContext.notes`), the sorted top-level names of the modules it has loaded, its peak
+resident set size (MB) and where its CPU time went (``cpu_s``: process CPU seconds at the
+job runner's start, once MPI and the heartbeats were up, and when the job function returned;
+``thread_cpu_s``: per thread, by name). How the tests show that a rank did not import what it does
+not need (torch, scikit-learn) and how the start-up and many-ranks benchmarks read each rank's
+memory and CPU."""
+
+_CPU_MARKS: dict[str, float] = {}
+
+
+def _cpu_mark(name: str) -> None:
+    """Note the process CPU time at a point of the job runner (for the module report)."""
+    if os.environ.get(MODULE_REPORT_ENV):
+        _CPU_MARKS[name] = round(time.process_time(), 4)
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds per live thread of this process, by thread name (from ``/proc``)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir() if Path("/proc/self/task").is_dir() else []:
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(task.name), f"native-{task.name}")
+        out[name] = round(out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick, 3)
+    return out
 
 
 def write_module_report(rank: int, role: str, notes: dict[str, Any] | None = None) -> None:
@@ -312,13 +394,15 @@ def write_module_report(rank: int, role: str, notes: dict[str, Any] | None = Non
     import json
     import resource
 
+    _cpu_mark("job_done")
     top = sorted({name.split(".", 1)[0] for name in list(sys.modules)})
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
     Path(folder).mkdir(parents=True, exist_ok=True)
     out = Path(folder) / f"rank-{rank}.json"
     tmp = out.with_suffix(".json.part")
     tmp.write_text(json.dumps({"rank": rank, "role": role, "peak_rss_mb": round(peak_kb / 1024.0, 1),
-                               "notes": dict(notes or {}), "modules": top}, default=str))
+                               "notes": dict(notes or {}), "modules": top, "cpu_s": dict(_CPU_MARKS),
+                               "thread_cpu_s": _thread_cpu()}, default=str))
     os.replace(tmp, out)
 
 

@@ -7,7 +7,6 @@ size there above 1 while ``COMM_WORLD`` has size 1 gives the mismatch away.
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Mapping
 
 from mpifc.errors import UserError
@@ -21,6 +20,20 @@ SIZE_VARIABLES: tuple[str, ...] = (
     "SLURM_STEP_NUM_TASKS",   # srun step (not set by sbatch in the batch script itself)
     "MPI_LOCALNRANKS",        # MPICH hydra: ranks on this node
 )
+
+
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+"""Variables that launchers set to this process's rank."""
+
+
+def env_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's rank as the launcher put it in the environment, if any (MPI not needed)."""
+    env = os.environ if environ is None else environ
+    for name in RANK_VARIABLES:
+        v = env.get(name)
+        if v is not None and v.isdigit():
+            return int(v)
+    return None
 
 
 def launcher_size(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
@@ -48,6 +61,8 @@ def check_launcher_matches(world_size: int, environ: Mapping[str, str] | None = 
     if found is None or world_size != 1:
         return
     name, n = found
+    import shutil
+
     from mpi4py import MPI
     import mpi4py
 

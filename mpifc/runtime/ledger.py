@@ -163,18 +163,24 @@ class CommLedger:
         """Per-link / per-phase / per-kind totals of this rank's rows."""
         return self.local_table().summary()
 
-    def gather(self, comm: Any, root: int = 0) -> "LedgerTable | None":
-        """Collect every rank's rows on ``root`` (collective: every rank must call it).
+    def gather(self, transport: Any, root: int = 0) -> "LedgerTable | None":
+        """Collect every rank's rows on ``root`` (collective: every rank must call it), through
+        ``transport`` (:meth:`~mpifc.runtime.transport.Transport.gather_obj`: polled, so the
+        heartbeats keep running while a slow rank is awaited).
 
         The gather itself is bookkeeping after the job's protocol and is not recorded.
 
         Returns:
             The merged :class:`LedgerTable` on ``root``, ``None`` elsewhere.
         """
-        parts = comm.gather((self.rows.copy(), self.phase_names, self.sent.copy(), self.rank), root=root)
-        if comm.Get_rank() != root:
+        parts = transport.gather_obj((self.rows.copy(), self.phase_names, self.sent.copy(), self.rank), root=root)
+        if parts is None:
             return None
         return LedgerTable.from_parts(parts)
+
+    def messages(self) -> int:
+        """Messages this rank has received and sent so far (a progress count for the heartbeats)."""
+        return self._n + sum(s[0] for s in self._sent)
 
 
 @dataclass

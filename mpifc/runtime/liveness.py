@@ -1,7 +1,7 @@
 """Heartbeats: every rank shows it is alive; a rank that stops answering ends the job in seconds.
 
-A message deadline (:mod:`mpifc.runtime.watchdog`) cannot tell a frozen peer from one doing long,
-honest work, so it must stay long. Liveness is the other signal: a daemon thread per rank sends a
+A time limit on a wait cannot tell a frozen peer from one doing long, honest work. Liveness
+can: a daemon thread per rank sends a
 small heartbeat every ``S / 6`` seconds (``S`` = ``--liveness``, default 10) on a communicator of
 its own, and a rank that hears nothing from a peer for ``S`` minus one period ends the job with
 one line naming the silent rank and the phase it last announced::
@@ -19,6 +19,15 @@ for a few heartbeats, the message will never come, and the job ends with::
 
     mpifc: rank 2 ended its job in phase 'learn' while rank 0 waits for a 'fc.train.counts' message from it; ending the job
 
+Rank 0 also sees a job where every rank waits for another and none sends (a deadlock): when
+every rank has been blocked in a wait, with no message received or sent by any, for ``S``::
+
+    mpifc: every rank waits and none sends (rank 0 waits on rank 1 (a 'fc.train.counts' message); rank 1 waits on rank 0 (a 'fc.train.model' message)); ending the job
+
+So no wait needs a time limit: a peer that computes for hours is alive and not waiting, and
+is waited for as long as it takes (``--deadline`` is a wall-clock limit on the whole job, which
+the user sets).
+
 What a heartbeat thread can and cannot see:
 
 * a frozen process (SIGSTOP), a killed one, a rank whose process exited, a rank that returned
@@ -32,7 +41,7 @@ What a heartbeat thread can and cannot see:
   extensions (up to 0.7 s for torch on a cold, loaded machine);
 * a rank stuck in native code that has released the GIL (a deadlock inside a library, a
   livelocked MPI call): its heartbeat thread keeps beating, and it looks exactly like a long
-  computation. The message deadline is the outer bound for that case.
+  computation. The job's ``--deadline`` is the outer bound for that case.
 
 Before MPI is up (the launcher has started the processes but ``MPI_Init`` has not returned)
 the ranks are watched by the node sentinel instead (:mod:`mpifc.runtime.node`).
@@ -49,7 +58,7 @@ STATE_NAMES = {RUNNING: "running", DONE: "done", FINAL: "final"}
 NOBODY = -1        # awaiting: not blocked on a message
 EVERYONE = -2      # awaiting: a barrier (no single peer to blame)
 
-_BEAT = struct.Struct("<iiiii24s")  # kind, seq, state, awaited rank, awaited kind id, phase
+_BEAT = struct.Struct("<iiiiii24s")  # kind, seq, state, awaited rank, awaited kind id, progress, phase
 _KIND_BEAT, _KIND_NOTICE = 1, 2
 _TAG_BEAT, _TAG_NOTICE = 1, 2
 DEFAULT_LIMIT_S = 10.0
@@ -58,7 +67,8 @@ DEFAULT_LIMIT_S = 10.0
 class PeerView:
     """What this rank last heard from one peer."""
 
-    __slots__ = ("last_seen", "state", "done_since", "awaiting", "awaiting_kind", "phase")
+    __slots__ = ("last_seen", "state", "done_since", "awaiting", "awaiting_kind", "phase", "progress",
+                 "blocked_since")
 
     def __init__(self, now: float) -> None:
         self.last_seen = now
@@ -67,6 +77,14 @@ class PeerView:
         self.awaiting = NOBODY
         self.awaiting_kind = 0
         self.phase = "startup"
+        self.progress = -1
+        self.blocked_since: float | None = None  # waiting, with no message in or out, since
+
+    def update_blocked(self, awaiting: int, kind: int, progress: int, now: float) -> None:
+        """Track how long this rank has waited (for ``awaiting``/``kind``) without progress."""
+        if awaiting == NOBODY or progress != self.progress or (awaiting, kind) != (self.awaiting, self.awaiting_kind):
+            self.blocked_since = now if awaiting != NOBODY else None
+        self.awaiting, self.awaiting_kind, self.progress = awaiting, kind, progress
 
 
 class Liveness:
@@ -112,6 +130,7 @@ class Liveness:
         self._notice_buf = bytearray(_BEAT.size)
         self._notices: list[tuple[Any, bytearray]] = []
         self.views: dict[int, PeerView] = {}
+        self.me = PeerView(time.perf_counter())  # this rank's own waits (rank 0 judges deadlocks)
 
     # -- what the rank announces ------------------------------------------------------------
     def enter(self, phase: str) -> None:
@@ -197,12 +216,13 @@ class Liveness:
 
         for p, req in self._recv.items():
             while req.Test():
-                kind, _, state, awaiting, awaiting_kind, phase = _BEAT.unpack_from(self._rbuf[p])
+                kind, _, state, awaiting, awaiting_kind, progress, phase = _BEAT.unpack_from(self._rbuf[p])
                 v = self.views[p]
                 v.last_seen = now
                 if state != RUNNING and v.state == RUNNING:
                     v.done_since = now
-                v.state, v.awaiting, v.awaiting_kind = state, awaiting, awaiting_kind
+                v.state = state
+                v.update_blocked(awaiting, awaiting_kind, progress, now)
                 v.phase = phase.rstrip(b"\0").decode("utf-8", "replace") or v.phase
                 req = self._recv[p] = self.comm.Irecv([self._rbuf[p], MPI.BYTE], p, _TAG_BEAT)
         while self._notice_req is not None and self._notice_req.Test():
@@ -215,18 +235,24 @@ class Liveness:
         a = getattr(t, "awaiting", None) if t is not None else None
         return a if a is not None else (NOBODY, 0)
 
+    def _progress(self) -> int:
+        t = self.transport
+        ledger = getattr(t, "ledger", None) if t is not None else None
+        return ledger.messages() & 0x7FFFFFFF if ledger is not None else 0
+
     def _beat(self) -> None:
         from mpi4py import MPI
 
         with self._lock:
             self._seq += 1
             src, kind = self._awaiting()
+            progress = self._progress()
             phase = self.phase.encode("utf-8", "replace")[:24]
             for p in self.peers:
                 req = self._send.get(p)
                 if req is not None and not req.Test():
                     continue  # the peer has not taken the last one: it is judged by its own silence
-                _BEAT.pack_into(self._sbuf[p], 0, _KIND_BEAT, self._seq, self.state, src, kind, phase)
+                _BEAT.pack_into(self._sbuf[p], 0, _KIND_BEAT, self._seq, self.state, src, kind, progress, phase)
                 self._send[p] = self.comm.Isend([self._sbuf[p], MPI.BYTE], p, _TAG_BEAT)
 
     def _judge(self, now: float) -> str | None:
@@ -247,7 +273,28 @@ class Liveness:
             if v.state != RUNNING and now - v.done_since > self.grace + (self.extra if src == 0 else 0.0):
                 return (f"mpifc: rank {src} ended its job in phase {v.phase!r} while rank {waiter} waits for "
                         f"{_kind_name(kind)} from it; ending the job")
-        return None
+        return self._deadlock(now, me_src, me_kind) if self.rank == 0 else None
+
+    def _deadlock(self, now: float, me_src: int, me_kind: int) -> str | None:
+        """Rank 0: the line for a job whose every rank has waited for ``S`` with no message in or
+        out anywhere (nobody is left to send), or None."""
+        self.me.update_blocked(me_src, me_kind, self._progress(), now)
+        ranks = [(0, self.me)] + sorted(self.views.items())
+        if len(ranks) < 2 or any(v.state == FINAL or v.blocked_since is None or now - v.blocked_since < self.limit
+                                 for _, v in ranks):
+            return None
+        waits = [f"rank {r} {describe_wait(r, (v.awaiting, v.awaiting_kind))}" for r, v in ranks[:4]]
+        more = f"; and {len(ranks) - 4} more ranks" if len(ranks) > 4 else ""
+        return f"mpifc: every rank waits and none sends ({'; '.join(waits)}{more}); ending the job"
+
+    def describe_ranks(self, most: int = 4) -> str:
+        """What this rank and the peers it hears do (phase, and the wait, if any), in words."""
+        src, kind = self._awaiting()
+        states = [(self.rank, self.phase, (src, kind))] + [(p, v.phase, (v.awaiting, v.awaiting_kind))
+                                                          for p, v in sorted(self.views.items())]
+        words = [f"rank {r} in phase {ph!r} {describe_wait(r, w) or 'computes'}" for r, ph, w in states[:most]]
+        more = f"; and {len(states) - most} more ranks" if len(states) > most else ""
+        return "; ".join(words) + more
 
     # -- the abort path ----------------------------------------------------------------------
     def announce_abort(self) -> None:
@@ -262,6 +309,16 @@ class Liveness:
                     self._notices.append((self.comm.Isend([buf, MPI.BYTE], r, _TAG_NOTICE), buf))
                 except Exception:  # noqa: BLE001
                     return
+
+
+def describe_wait(rank: int, awaiting: tuple[int, int] | None) -> str:
+    """What a rank's wait waits for, in words (``""`` when it is not waiting)."""
+    src, kind = awaiting if awaiting is not None else (NOBODY, 0)
+    if src == NOBODY:
+        return ""
+    if src == EVERYONE:
+        return "waits on every rank (a barrier or a collective)"
+    return f"waits on {'any rank' if src < 0 else f'rank {src}'} ({_kind_name(kind)})"
 
 
 def _kind_name(kind_id: int) -> str:

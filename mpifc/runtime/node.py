@@ -14,6 +14,11 @@ held (measured with MPICH 5: a quarter to all of a core per waiting rank, and no
 of the rank runs meanwhile), and because a rank killed before the sentinel watches it could not
 be told from the ranks the launcher kills right after it.
 
+The sentinel also watches the launcher processes above the ranks (the per-node daemon, and
+``mpiexec`` when it is the daemon's parent), and cleans up after the job: a failed job's outputs,
+MPI's shared-memory files (:meth:`NodeView.note_shared_memory`) and the folder. If the sentinel
+itself is gone (killed), the ranks remove the folder as they end (:meth:`NodeView.end`).
+
 Where the launcher or its local rank count cannot be found (a single process, an unknown
 launcher), there is no node view: the MPI heartbeats of :mod:`mpifc.runtime.liveness` still
 watch the job once MPI is up.
@@ -21,6 +26,8 @@ watch the job once MPI is up.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +38,8 @@ from typing import Mapping
 
 LAUNCHER_PROCESSES = ("hydra_pmi_proxy", "orted", "prted", "slurmstepd")
 """Process names of the launchers' per-node daemons that start the ranks."""
+LAUNCHER_COMMANDS = ("mpiexec", "mpirun", "prterun", "orterun")
+"""Names (prefixes) of the commands a user runs that start those daemons (``mpiexec.hydra`` too)."""
 
 
 def _stat_fields(pid: int) -> tuple[str, list[str]] | None:
@@ -64,6 +73,20 @@ def launcher_process(max_depth: int = 6) -> tuple[int, str] | None:
             return pid, rest[19]  # field 22 of stat: start time in clock ticks since boot
         pid = int(rest[1])
     return None
+
+
+def launcher_chain(daemon: int) -> list[tuple[str, int]]:
+    """``[(name, pid)]`` of the launcher processes to watch: the per-node daemon ``daemon``, then
+    its parent if that is the ``mpiexec`` the user ran (on this node)."""
+    info = _stat_fields(daemon)
+    if info is None:
+        return []
+    chain = [(info[0], daemon)]
+    parent = int(info[1][1])
+    up = _stat_fields(parent) if parent > 1 else None
+    if up is not None and up[0].startswith(LAUNCHER_COMMANDS):
+        chain.append((up[0], parent))
+    return chain
 
 
 def _tasks_on_node(spec: str, node: int) -> int | None:
@@ -124,6 +147,9 @@ class NodeView:
         self._stop_beacon = threading.Event()
         self._stages = 0
         self._me = folder / f"rank-{rank}"
+        self._commits = 0
+        self.in_job = False  # inside a job runner that has not completed (mpifc.runtime.job.run_job)
+        self._beacon_thread: threading.Thread | None = None
 
     @classmethod
     def join(cls, rank: int | None, limit_s: float, environ: Mapping[str, str] | None = None
@@ -146,22 +172,37 @@ class NodeView:
         view = cls(folder, rank, limit_s, local)
         try:
             if first:
-                view._start_sentinel()
-            for what in ("ready", "up", "final", "end"):  # from an earlier job of this process
-                (folder / f"rank-{rank}.{what}").unlink(missing_ok=True)
-            view.enter("startup")
+                view._start_sentinel(launcher_chain(pid))
+            view.begin_job(limit_s)
             _write_atomic(view._me, str(os.getpid()))
         except OSError:
             return None
-        threading.Thread(target=view._beacon, name="mpifc-node-beacon", daemon=True).start()
         return view
 
-    def _start_sentinel(self) -> None:
+    def begin_job(self, limit_s: float) -> None:
+        """Start (again) from ``startup``: clear this rank's markers of an earlier job in this
+        process, beat the beacon, and record the job's liveness limit (the sentinel reads it)."""
+        self.limit = limit_s
+        self.period = min(max(limit_s / 6.0, 0.02), 1.0)
+        for what in ("ready", "up", "final", "end", "exit"):
+            (self.folder / f"rank-{self.rank}.{what}").unlink(missing_ok=True)
+        self.enter("startup")
+        try:
+            _write_atomic(self.folder / "limit", repr(float(limit_s)))
+        except OSError:
+            pass
+        if self._beacon_thread is None or not self._beacon_thread.is_alive():
+            self._stop_beacon.clear()
+            self._beacon_thread = threading.Thread(target=self._beacon, name="mpifc-node-beacon", daemon=True)
+            self._beacon_thread.start()
+
+    def _start_sentinel(self, launchers: list[tuple[str, int]]) -> None:
         script = Path(__file__).with_name("sentinel.py")
         # A process group of its own: the launcher's kill of the ranks' process groups must not reach
         # it. Standard error is the rank's, so its lines reach the user through the launcher.
         self.sentinel = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(script), str(self.folder), repr(self.limit), str(self.local_ranks)],
+            [sys.executable, "-I", "-S", str(script), str(self.folder), repr(self.limit), str(self.local_ranks),
+             *(f"{name}:{pid}" for name, pid in launchers)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 
     def _beacon(self) -> None:
@@ -188,6 +229,25 @@ class NodeView:
         except OSError:
             pass
 
+    def unmark(self, what: str) -> None:
+        """Remove marker ``rank-R.<what>``."""
+        try:
+            (self.folder / f"rank-{self.rank}.{what}").unlink()
+        except OSError:
+            pass
+
+    def claim(self, code: int, line: str) -> bool:
+        """Claim the one line that ends the job (see :func:`mpifc.runtime.sentinel.claim`)."""
+        from mpifc.runtime.sentinel import claim
+
+        return claim(str(self.folder), code, line)
+
+    def said_code(self, wait_s: float = 0.5) -> int | None:
+        """The exit code of the line that ended the job, or None while nobody said one."""
+        from mpifc.runtime.sentinel import said_code
+
+        return said_code(str(self.folder), wait_s)
+
     def mark_abort(self) -> None:
         """The job reports its own failure: the sentinel stays quiet (but still ends the node's ranks)."""
         try:
@@ -211,16 +271,170 @@ class NodeView:
         except OSError:
             pass
 
+    def committing(self, partial: Path, final: Path) -> None:
+        """Note that ``partial`` is about to be renamed to ``final`` (or, ``partial`` = ``final``,
+        that ``final`` was just written): if the job fails after all (a rank frozen or killed
+        before the job ends), the sentinel removes ``final`` again, as long as it is still this
+        file (same device and inode)."""
+        self._commits += 1
+        try:
+            st = os.stat(partial)
+            _write_atomic(self.folder / f"commit-{self.rank}-{self._commits}",
+                          f"{Path(final).resolve()}\t{st.st_dev}\t{st.st_ino}")
+        except OSError:
+            pass
+
+    def writing(self, final: Path) -> None:
+        """Note that ``final`` is being written in place (atomically, through temp files beside
+        it): the sentinel removes those temp files if the job fails."""
+        self._stages += 1
+        try:
+            _write_atomic(self.folder / f"temps-{self.rank}-{self._stages}", str(Path(final).resolve()))
+        except OSError:
+            pass
+
+    def note_shared_memory(self) -> list[str]:
+        """Record the files in ``/dev/shm`` this process maps (MPI's shared-memory segment), so
+        the sentinel removes them once the ranks are gone: a job that does not reach
+        ``MPI_Finalize`` leaves them otherwise. Returns them."""
+        found = []
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    path = line.rstrip("\n").partition("/dev/shm/")
+                    if path[1] and "/" not in path[2] and not path[2].endswith(" (deleted)"):
+                        name = "/dev/shm/" + path[2]
+                        if name not in found:
+                            found.append(name)
+        except OSError:
+            return []
+        if found:
+            try:
+                _write_atomic(self.folder / f"shm-{self.rank}", "\n".join(found))
+            except OSError:
+                pass
+        return found
+
+    def sentinel_gone(self) -> bool:
+        """Whether the node's sentinel has ended (killed): the ranks then clean up themselves."""
+        from mpifc.runtime.sentinel import gone
+
+        if self.sentinel is not None:
+            return self.sentinel.poll() is not None
+        try:
+            pid = int((self.folder / "sentinel.pid").read_text())
+        except (OSError, ValueError):
+            return False
+        return gone(pid)
+
+    def local_pids(self) -> dict[int, int]:
+        """``{rank: pid}`` of the ranks registered in the node folder."""
+        out = {}
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return out
+        for name in names:
+            if name.startswith("rank-") and "." not in name and name[5:].isdigit():
+                try:
+                    out[int(name[5:])] = int((self.folder / name).read_text())
+                except (OSError, ValueError):
+                    pass
+        return out
+
+    def exit_together(self, code: int, tell_peers: bool, timeout_s: float = 1.0) -> None:
+        """Exit with ``code`` together with the other ranks of this node (``tell_peers``: ask
+        them first, with SIGUSR1; see :mod:`mpifc.runtime.signals`).
+
+        The launcher kills every rank as soon as one exits before ``MPI_Finalize``, and then
+        reports a killed rank's signal or an exit code, whichever it sees first: so each rank
+        notes that it is ready (``rank-R.exit``) and waits (at most ``timeout_s``) until every other
+        rank of the node is ready or gone, and they all exit in the same moment with one code.
+        """
+        from mpifc.runtime.sentinel import gone
+
+        peers = {r: pid for r, pid in self.local_pids().items() if r != self.rank and pid != os.getpid()}
+        if tell_peers:
+            for pid in peers.values():
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        self.mark("exit")
+        until = time.monotonic() + timeout_s
+        while time.monotonic() < until and not all(
+                gone(pid) or (self.folder / f"rank-{r}.exit").exists() for r, pid in peers.items()):
+            time.sleep(0.001)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream
+                pass
+        os._exit(code or 1)
+
+    def end(self) -> None:
+        """Mark this rank's normal end (after ``MPI_Finalize``), unless it leaves a job it has not
+        completed (a job function that returned before MPI started, as its peers went on): then
+        it ends without a word, which the sentinel reports. The last rank to end removes the
+        folder if the sentinel is gone."""
+        if self.in_job:
+            return
+        self.mark("end")
+        if self.sentinel_gone():
+            self.remove_if_orphaned(all_ended=True)
+
+    def remove_if_orphaned(self, all_ended: bool = False) -> None:
+        """Without a sentinel: remove MPI's shared memory files and the folder, once every rank of
+        the node has ended (``all_ended``), or at once (the job is failing)."""
+        if all_ended and len(list(self.folder.glob("rank-*.end"))) < self.local_ranks:
+            return
+        for rec in self.folder.glob("shm-*"):
+            try:
+                for seg in rec.read_text().split("\n"):
+                    if seg.startswith("/dev/shm/"):
+                        Path(seg).unlink(missing_ok=True)
+            except OSError:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
     def wait_for_local_ranks(self, timeout_s: float) -> bool:
         """Sleep until every rank of this node has registered and the sentinel watches them all
         (at most ``timeout_s``); True if so."""
         until = time.monotonic() + timeout_s
+        sleep = 0.005
         while True:
             if (self.folder / "watching").exists():
                 return True
             if time.monotonic() >= until:
                 return False
-            time.sleep(0.02)
+            time.sleep(sleep)
+            # Slower as the wait lasts: on a node of many ranks starting on few cores the last
+            # ones come seconds later, and each poll costs a waiting rank a wake-up.
+            sleep = min(sleep * 1.5, 0.1)
+
+
+def join_early(argv: list[str], default_limit_s: float) -> "NodeView | None":
+    """Meet the node as the process starts (before its imports), with the ``--liveness`` of
+    ``argv`` (else ``default_limit_s``): a rank killed, frozen or interrupted from here on is
+    seen by the sentinel, and so is the launcher."""
+    from mpifc.runtime.launcher import env_rank
+
+    limit = default_limit_s
+    for i, a in enumerate(argv):
+        text = a.split("=", 1)[1] if a.startswith("--liveness=") else (argv[i + 1] if a == "--liveness" and
+                                                                       i + 1 < len(argv) else None)
+        if text is not None:
+            try:
+                limit = float(text) if float(text) > 0 else default_limit_s
+            except ValueError:
+                pass
+    if current() is None and launcher_process() is None and local_rank_count() is not None and os.getppid() == 1:
+        # Started by a launcher whose daemon is gone (killed while this rank started): nobody
+        # can hear this rank any more, and mpiexec has reported the failure.
+        os._exit(1)
+    view = current() or NodeView.join(env_rank(), limit)
+    set_current(view)
+    return view
 
 
 _current: NodeView | None = None

@@ -15,8 +15,9 @@ be written (No space left on device)``, :func:`mpifc.atomic.output_label`), not 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from mpifc.atomic import name_output, output_label, write_error
 
@@ -70,6 +71,8 @@ class StagedOutputs:
         done = []
         for partial, final, key in self._files:
             if partial.exists():
+                if self.node is not None:
+                    self.node.committing(partial, final)  # undone if the job still fails
                 try:
                     os.replace(partial, final)
                 except OSError as e:
@@ -82,14 +85,13 @@ class StagedOutputs:
         return done
 
     def discard(self) -> None:
-        """Remove every partial file (the job failed)."""
+        """Remove every partial file (the job failed), and the temp files of a write of it. The
+        node sentinel keeps their names and removes them again once the ranks are gone (a write
+        may still have been under way)."""
+        from mpifc.runtime.sentinel import remove_partial
+
         for partial, _, key in self._files:
-            try:
-                partial.unlink()
-            except OSError:
-                pass
-            if key is not None:
-                self.node.unstage(key)
+            remove_partial(str(partial))
         self._files.clear()
         self._forget_folders(remove=True)
 
@@ -111,6 +113,21 @@ def shared_partial(final: str | os.PathLike) -> Path:
     """The partial file of ``final`` staged with ``shared=True`` (by whichever rank)."""
     final = Path(final)
     return final.with_name(f".{final.name}.partial")
+
+
+@contextmanager
+def after_job(path: str | os.PathLike) -> Iterator[None]:
+    """Around writing an output after the job's outputs were put in place (e.g. the answer of
+    ``mpifc query --distributed``, built from the job's result): if the job still fails before
+    this rank ends, the node sentinel removes the file and its temp files."""
+    from mpifc.runtime import node
+
+    view = node.current()
+    if view is not None:
+        view.writing(Path(path))
+    yield
+    if view is not None:
+        view.committing(Path(path), Path(path))
 
 
 _current: StagedOutputs | None = None

@@ -67,7 +67,7 @@ from mpifc.runtime.bufpool import RecvBufferPool
 from mpifc.runtime.payload import CODE_DTYPES_BF16, as_array, byte_view, decode, to_wire_array
 from mpifc.runtime.kinds import MessageKind, as_kind
 from mpifc.runtime.ledger import CommLedger
-from mpifc.runtime.watchdog import new_guard
+from mpifc.runtime.watchdog import IDLE as _WATCHDOG_IDLE, backoff, new_guard, wake as _wake_watchdog
 
 INLINE_MAX_BYTES = 16 * 1024
 CHUNK_BYTES = 1 << 30           # keeps each MPI count far below 2**31 - 1
@@ -424,6 +424,32 @@ class Transport:
         self._wait_requests([req], 0,
                             lambda: f"every rank to reach a barrier (rank {self.rank} waited)", -2, 0)
 
+    def gather_obj(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's picklable ``obj`` on ``root`` (collective; a list in rank order there, None
+        elsewhere). Bookkeeping, not counted in the ledger; the waits poll with sleeps like
+        :meth:`barrier` (a blocking collective would keep this rank's heartbeats from running)."""
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        sizes = np.zeros(self.size if self.rank == root else 1, dtype=np.int64)
+        mine = np.array([data.size], dtype=np.int64)
+        describe = lambda: f"every rank to reach the gather to rank {root} (rank {self.rank} waited)"  # noqa: E731
+        self._wait_requests([self.comm.Igather(mine, sizes if self.rank == root else None, root=root)], 0,
+                            describe, -2, 0)
+        if self.rank != root:
+            self._wait_requests([self.comm.Igatherv(data, None, root=root)], 0, describe, -2, 0)
+            return None
+        buf = np.empty(int(sizes.sum()), dtype=np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self._wait_requests([self.comm.Igatherv(data, [buf, sizes, offsets, MPI.BYTE], root=root)], 0,
+                            describe, -2, 0)
+        return [pickle.loads(buf[o: o + n].tobytes()) for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+    def allreduce_max(self, value: int) -> int:
+        """The largest ``value`` over every rank (collective; polled like :meth:`barrier`)."""
+        out = np.zeros(1, dtype=np.int64)
+        self._wait_requests([self.comm.Iallreduce(np.array([value], dtype=np.int64), out, op=MPI.MAX)], 0,
+                            lambda: f"every rank to reach a reduction (rank {self.rank} waited)", -2, 0)
+        return int(out[0])
+
     # -------------------------------------------------------------------------------- helpers
     def _check_peer(self, peer: int, verb: str) -> None:
         if not 0 <= peer < self.size:
@@ -440,8 +466,9 @@ class Transport:
 
         Spins for ``spin_s`` first (latency), yielding the core every few polls as MPICH's own
         blocking calls do, so that on an oversubscribed node the peer we wait for gets to run;
-        then sleeps with exponential back-off up to ``max_sleep_s`` (so a rank that waits long
-        for a computing peer does not burn a core).
+        then sleeps with back-off (:func:`mpifc.runtime.watchdog.backoff`: up to ``max_sleep_s``,
+        then longer as the wait lasts), so a rank that waits long for a computing peer does not
+        burn a core.
         """
         if test():
             return True
@@ -454,8 +481,9 @@ class Transport:
         while not test():
             if backing_off:
                 time.sleep(sleep)
-                sleep = min(sleep * 2, self.max_sleep_s)
-                if time.perf_counter() >= deadline_at:
+                now = time.perf_counter()
+                sleep = backoff(sleep, now - t0, self.max_sleep_s)
+                if now >= deadline_at:
                     return False
                 continue
             polls += 1
@@ -521,6 +549,8 @@ class Transport:
             guard, t0, state = self._guard, _perf(), [False, False]
             guard.armed = ([pre, req], t0 + self.spin_s, t0 + self.deadline, self.deadline,
                            lambda: self._waiting_for([source], [kind]), state)
+            if _WATCHDOG_IDLE[0]:
+                _wake_watchdog()
             self.awaiting = (source, tag)
             try:
                 req.Wait(status)
@@ -548,6 +578,8 @@ class Transport:
             state = [False, False]
             guard = self._guard
             guard.armed = ([pre], _INF, _perf() + self.deadline, self.deadline, describe, state)
+            if _WATCHDOG_IDLE[0]:
+                _wake_watchdog()
             try:
                 pre.Wait(pstatus)
             finally:
@@ -892,6 +924,8 @@ class Transport:
             return state
         guard.armed = (reqs if cancel is None else cancel, soft_at, _perf() + self.deadline, self.deadline,
                        describe, state)
+        if _WATCHDOG_IDLE[0]:
+            _wake_watchdog()
         try:
             if len(reqs) == 1:
                 reqs[0].Wait(statuses[0])  # cheaper than Waitall for one request

@@ -86,7 +86,7 @@ def _odd_rows(x: np.ndarray, features: list[str]) -> np.ndarray:
     """Rows the linear program cannot take: far-out reals (underflow, histogram tails), a count
     outside its domain, a code between two categories, every cell missing."""
     odd = x[:6].copy()
-    odd[0, features.index("age")] = 60.0
+    odd[0, features.index("age")] = 1e4
     odd[1, features.index("gain")] = -40.0
     odd[2, features.index("visits")] = 1e3
     odd[3, features.index("city")] = 1.5

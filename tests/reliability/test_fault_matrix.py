@@ -1,42 +1,90 @@
-"""Every phase of a FedPC job crossed with every fault (launch/bench/faults.py runs the jobs).
+"""A sample of the fault matrix of launch/bench/faults.py (which runs every job, process, signal
+and moment): signals from outside to a rank, to ``mpiexec`` and to its daemon, and faults
+injected inside a rank.
 
-For each cell: the job ends within ``--liveness`` + 5 s of the fault, with a non-zero exit code
-and one ``mpifc:`` line, naming the faulting rank; no model or ledger sits at its final path, no partial file
-beside it, and no process of the job (ranks, stopped ones included, and the node sentinel,
-checked by their process ids) is left. The cells run three jobs at a time on tiny shards.
+For each cell: the job ends within ``--liveness`` + 5 s of the fault with one ``mpifc:`` line
+naming the right process (a rank, or the launcher, or the whole job for a Ctrl-C), a non-zero
+exit code (130 for SIGINT to mpiexec); no output at its final path nor partial file beside it,
+no shared-memory file of the job's MPI, no node folder and no process of the job is left.
 """
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+
 import pytest
 
+from tests.mpi_util import REPO
 from tests.script_util import load_script
 
 pytestmark = pytest.mark.mpi
 bench = load_script("launch/bench/faults.py", "faults_bench")
 LIVENESS = 3.0
+# The sample's moments are events of the job (MPI up, a phase, outputs in place), not fractions
+# of its time: no clean runs are needed to place them.
+DURATIONS = {"train": 4.0, "evaluate": 4.0, "query": 4.0}
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    cells = bench.run_matrix(tmp_path_factory.mktemp("faults"), LIVENESS, parallel=3)
-    return {(c.phase, c.fault): c for c in cells}
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("faults")
 
 
-@pytest.mark.parametrize("fault", list(bench.FAULTS))
-@pytest.mark.parametrize("phase", bench.PHASES)
-def test_fault_ends_the_job_naming_the_rank_and_leaves_nothing(matrix, phase, fault):
-    c = matrix[(phase, fault)]
-    assert c.injected, f"the fault was never injected: {c}"
-    assert c.exit not in (0, None), c
+@pytest.fixture(scope="module")
+def matrix(work):
+    cells = bench.run_cells(bench.sample_specs(), work, LIVENESS, parallel=3, durations=DURATIONS)
+    return {(c.job, c.target, c.fault, c.moment): c for c in cells}
+
+
+@pytest.mark.parametrize("spec", bench.sample_specs(), ids=lambda s: "-".join(s).replace(" ", ""))
+def test_fault_ends_the_job_naming_the_process_and_leaves_nothing(matrix, spec):
+    c = matrix[spec]
+    assert c.injected and not c.missed, f"the fault was never injected: {c}"
     assert c.seconds <= LIVENESS + 5.0, c
-    assert c.named, f"no line names rank {c.rank}: {c.line!r}"
+    assert c.exit not in (0, None), c
+    assert c.named, f"the line does not name {c.target}: {c.line!r}"
     assert c.lines == 1, f"{c.lines} lines start with 'mpifc:'"
     assert not c.leftovers, c.leftovers
+    if c.target == "mpiexec" and c.fault == "INT":
+        assert c.exit == 130
 
 
-def test_named_in_reads_the_rank_lines():
-    assert bench.named_in("x\nmpifc: rank 2 stopped answering in phase 'learn' (...)\n", 2)[0]
-    assert bench.named_in("mpifc: rank 2: RuntimeError: boom", 2)[0]
-    assert bench.named_in("mpifc: ranks 0, 2 ended without a word", 2)[0]
-    assert not bench.named_in("mpifc: rank 0 stopped answering (seen by rank 2)", 2)[0]
-    assert not bench.named_in("mpifc: rank 12 stopped answering", 2)[0]
+def test_a_killed_sentinel_leaves_no_node_folder(work):
+    """The job goes on without its node sentinel (its heartbeats still watch it); its ranks
+    remove the node folder as they end."""
+    files = bench.prepare(work, LIVENESS)
+    out = work / "no-sentinel"
+    out.mkdir()
+    cmd, finals = bench.job_command("evaluate", files, out, LIVENESS)
+    log = out / "log"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=bench._env({"MPIFC_FAULT_LOG": str(log)}), start_new_session=True)
+    procs = bench.JobProcesses(proc.pid)
+    until = time.monotonic() + 60
+    while not list(log.glob("sentinel-*.pid")) and proc.poll() is None and time.monotonic() < until:
+        procs.refresh()
+        time.sleep(0.01)
+    os.kill(int(next(log.glob("sentinel-*.pid")).read_text()), signal.SIGKILL)
+    procs.refresh()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert all(p.exists() for p in finals), err
+    folder = procs.folder()
+    assert folder is not None, "the job's daemon was not found"
+    until = time.monotonic() + 5  # the last rank removes it as it exits
+    while folder.exists() and time.monotonic() < until:
+        time.sleep(0.05)
+    assert not folder.exists(), sorted(p.name for p in folder.iterdir())
+
+
+def test_named_in_reads_the_lines():
+    assert bench.named_in("x\nmpifc: rank 2 stopped answering in phase 'learn' (...)\n", "rank 2")[0]
+    assert bench.named_in("mpifc: rank 2: RuntimeError: boom", "rank 2")[0]
+    assert bench.named_in("mpifc: ranks 0, 2 ended without a word", "rank 2")[0]
+    assert not bench.named_in("mpifc: rank 0 stopped answering (seen by rank 2)", "rank 2")[0]
+    assert not bench.named_in("mpifc: rank 12 stopped answering", "rank 2")[0]
+    assert bench.named_in("mpifc: the launcher's mpiexec (pid 7) ended while the job ran", "mpiexec")[0]
+    assert bench.named_in("mpifc: interrupted (SIGINT to the whole job, e.g. Ctrl-C); ending the job", "mpiexec")[0]
+    assert not bench.named_in("mpifc: rank 1 received SIGINT; ending the job", "mpiexec")[0]

