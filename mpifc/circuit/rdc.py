@@ -135,7 +135,16 @@ def _ordinal_ranks(values: np.ndarray) -> np.ndarray:
     computed as SciPy does (stable argsort of the transposed columns, ranks scattered back)
     without its ~50 us of array-API dispatch and NaN handling per call."""
     n, m = values.shape
-    order = np.argsort(values.T, axis=-1, kind="stable")
+    columns = np.ascontiguousarray(values.T)
+    lo, hi = columns.min(axis=1, keepdims=True), columns.max(axis=1, keepdims=True)
+    upper = columns == hi
+    if ((columns == lo) | upper).all():
+        # Every column two-valued (or constant): the stable sort puts a column's low rows first,
+        # in row order, then its high rows, so the ranks are running counts -- no sort needed.
+        high_count = np.cumsum(upper, axis=1, dtype=np.int64)
+        low_count = np.arange(1, n + 1, dtype=np.int64) - high_count
+        return np.where(upper, low_count[:, -1:] + high_count, low_count).T
+    order = np.argsort(columns, axis=-1, kind="stable")
     ranks = np.empty((m, n), dtype=np.int64)
     np.put_along_axis(ranks, order, np.arange(1, n + 1, dtype=np.int64), axis=-1)
     return ranks.T
@@ -660,10 +669,20 @@ def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Seque
     for j in range(d):
         if categorical[j]:
             proj[j, : widths[j]] = gauss[j, : widths[j]] * (s / widths[j])
-    feats = np.matmul(xt, proj, out=_work("lin", (d, n, kk)))
-    np.sin(feats, out=feats)
-    mean_blocks = feats.sum(axis=1) / n  # (d, kk)
-    diag = np.matmul(feats.transpose(0, 2, 1), feats, out=_work("diag", (d, kk, kk)))
+    feats = _work("lin", (d, n, kk))
+    sums = np.empty((d, kk))
+    diag = _work("diag", (d, kk, kk))
+    # Columns in groups of about _FUSED_BYTES of features, each group's projection, sine, sums
+    # and products formed while its features are still in cache; every step is per column, so
+    # the values do not depend on the grouping.
+    step = max(1, _FUSED_BYTES // (8 * kk * max(n, 1)))
+    for c0 in range(0, d, step):
+        c1 = min(d, c0 + step)
+        f = np.matmul(xt[c0:c1], proj[c0:c1], out=feats[c0:c1])
+        np.sin(f, out=f)
+        np.add.reduce(f, axis=1, out=sums[c0:c1])
+        np.matmul(f.transpose(0, 2, 1), f, out=diag[c0:c1])
+    mean_blocks = sums / n  # (d, kk)
     diag /= n
     diag -= mean_blocks[:, :, None] * mean_blocks[:, None, :]
     diag = 0.5 * (diag + diag.transpose(0, 2, 1))
@@ -674,6 +693,9 @@ def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Seque
     white = vec * np.where(keep, 1.0 / np.sqrt(np.maximum(lam, 1e-300)), 0.0)[:, None, :]
     return feats, mean_blocks, white
 
+
+_FUSED_BYTES = 2 << 20
+"""Feature bytes of one group of columns in :func:`_column_features` (a share of a cache)."""
 
 _GATHER_BYTES = 32 << 20
 """Most feature bytes of one group of columns gathered at once in :func:`_pair_decisions`."""
