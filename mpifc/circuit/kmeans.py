@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -109,16 +109,20 @@ def _plusplus(data: np.ndarray, k: int, norms: np.ndarray, weights: np.ndarray,
 def _unrolled_squared_sums(diff: np.ndarray) -> np.ndarray:
     """Per row of ``diff`` ``(m, d)``, the sum of squares in scikit-learn's order: groups of
     four columns summed left to right, the groups accumulated in turn, then the leftover
-    columns one by one."""
+    columns one by one.
+
+    The running total is a cumulative sum along the row (``add.accumulate`` adds in order)
+    over the group sums followed by the leftover squares: the same additions, in the same
+    order, as accumulating them one at a time into zeros (squares are never ``-0.0``)."""
     sq = diff * diff
-    out = np.zeros(diff.shape[0], dtype=diff.dtype)
-    full = diff.shape[1] // 4
-    for g in range(full):
-        j = 4 * g
-        out += ((sq[:, j] + sq[:, j + 1]) + sq[:, j + 2]) + sq[:, j + 3]
-    for j in range(4 * full, diff.shape[1]):
-        out += sq[:, j]
-    return out
+    m, d = sq.shape
+    full = d // 4
+    if d == 0:
+        return np.zeros(m, dtype=diff.dtype)
+    quads = sq[:, : 4 * full].reshape(m, full, 4)
+    groups = ((quads[:, :, 0] + quads[:, :, 1]) + quads[:, :, 2]) + quads[:, :, 3]
+    terms = np.concatenate([groups, sq[:, 4 * full :]], axis=1) if d % 4 else groups
+    return np.cumsum(terms, axis=1)[:, -1]
 
 
 _GEMM: list = []
@@ -184,74 +188,121 @@ def _bundled_dgemm() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | N
         routine(b"T", b"N", kk, mm, dd, alpha, ct.ctypes.data, dd, rows.ctypes.data, dd, beta,
                 out.ctypes.data, kk)
 
+    # the raw call, for _Distances' blocks of one table (operands checked there)
+    gemm.raw = (routine, alpha, beta)  # type: ignore[attr-defined]
     return gemm
 
 
-def _assign(data: np.ndarray, centres: np.ndarray, labels: np.ndarray) -> None:
-    """Nearest centre of every row (the first one on ties) into ``labels`` (int32, in place).
+class _Distances:
+    """``|c|^2 - 2 x.c`` of every row of ``data`` ``(n, d)`` (C-ordered float64) and every centre,
+    into a ``(k, n)`` Fortran-ordered array kept for the whole Lloyd run.
 
-    Per block of rows, ``|c|^2 - 2 x.c`` is one BLAS ``dgemm`` call with the operands, flags,
+    Per block of :data:`_CHUNK` rows, one :func:`blas_gemm` call with the operands, flags,
     ``alpha = -2`` and ``beta = 1`` of scikit-learn's (column-major: ``op(A) = C`` transposed
-    from the centres' rows, ``B`` = the block's rows, the product added to the norms). The same
-    call rounds the same way; numpy's product of a one-row block goes through ``gemv``, whose
-    partial sums round differently (seen to flip near-tied labels).
+    from the centres' rows, ``B`` = the block's rows, the product added to the norms), so it
+    rounds as the estimator's does (numpy's product of a one-row block goes through ``gemv``,
+    whose partial sums round differently: seen to flip near-tied labels). A column range of the
+    Fortran-ordered result is exactly the array a call on that block alone would fill; the
+    blocks' sizes and addresses are worked out once.
     """
-    gemm = blas_gemm()
-    centre_norms = _row_norms(centres)
-    k = centres.shape[0]
-    ct = np.ascontiguousarray(centres).T  # (d, k), Fortran-ordered view of the centres' rows
-    for start in range(0, data.shape[0], _CHUNK):
-        rows = data[start : start + _CHUNK]
-        dist = np.empty((k, rows.shape[0]), dtype=np.float64, order="F")
-        dist[...] = centre_norms[:, None]
-        gemm(ct, rows, dist)
-        labels[start : start + _CHUNK] = np.argmin(dist, axis=0)
+
+    def __init__(self, data: np.ndarray, k: int) -> None:
+        n, d = data.shape
+        self.data = data
+        self.dist = np.empty((k, n), order="F")
+        gemm = blas_gemm()
+        raw = getattr(gemm, "raw", None)
+        self._gemm = gemm
+        self._calls: list[tuple[Any, ...]] = []
+        if raw is not None:
+            import ctypes
+
+            kk, dd = ctypes.c_int(k), ctypes.c_int(d)
+            b, c = data.ctypes.data, self.dist.ctypes.data
+            self._calls = [(ctypes.c_int(min(_CHUNK, n - s)), b + 8 * d * s, c + 8 * k * s)
+                           for s in range(0, n, _CHUNK)]
+            self._raw = (raw[0], raw[1], raw[2], kk, dd)
+
+    def __call__(self, centres: np.ndarray) -> np.ndarray:
+        dist = self.dist
+        centres = np.ascontiguousarray(centres)
+        dist[...] = _row_norms(centres)[:, None]
+        ct = centres.T  # (d, k): a Fortran-ordered view of the centres' C-ordered rows
+        if self._calls:
+            routine, alpha, beta, kk, dd = self._raw
+            a = ct.ctypes.data
+            for mm, b, c in self._calls:
+                routine(b"T", b"N", kk, mm, dd, alpha, a, dd, b, dd, beta, c, kk)
+        else:
+            for start in range(0, self.data.shape[0], _CHUNK):
+                self._gemm(ct, self.data[start : start + _CHUNK], dist[:, start : start + _CHUNK])
+        return dist
+
+
+def _cluster_sums(data: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+    """Per cluster, the sum of its rows ``(k, d)``, added row by row in row order into zeros
+    (``np.add.at``'s order). For two columns or more, each cluster's rows are reduced over
+    axis 0, which numpy does one row at a time down each column (it sums pairwise only along
+    a contiguous axis); ``+ 0.0`` turns the ``-0.0`` of an all-``-0.0`` column into the
+    ``0.0`` that zeros plus ``-0.0`` give. A single column would be summed pairwise: ``add.at``."""
+    d = data.shape[1]
+    if d < 2:
+        sums = np.zeros((k, d))
+        np.add.at(sums, labels, data)
+        return sums
+    sums = np.empty((k, d))
+    for j in range(k):
+        np.add.reduce(data[labels == j], axis=0, out=sums[j])  # zeros where the cluster is empty
+    sums += 0.0
+    return sums
 
 
 def _update(data: np.ndarray, old: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """New centres ``(k, d)`` from ``labels`` and the shift of each centre ``(k,)``."""
     k = old.shape[0]
-    sums = np.zeros_like(old)
-    np.add.at(sums, labels, data)  # row by row, in row order
-    counts = np.bincount(labels, minlength=k).astype(np.float64)
+    sums = _cluster_sums(data, labels, k)  # row by row, in row order
+    counts = np.bincount(labels, minlength=k)
+    if counts.all():  # every cluster holds rows: each centre is its sum times 1 / count
+        sums *= (1.0 / counts)[:, None]
+        return sums, np.sqrt(_unrolled_squared_sums(sums - old))
+    counts = counts.astype(np.float64)
     empty = np.flatnonzero(counts == 0)
-    if empty.size:
-        far = ((data - old[labels]) ** 2).sum(axis=1)
-        if np.max(far) != 0:
-            farthest = np.argpartition(far, -empty.size)[: -empty.size - 1 : -1]
-            for cluster, row in zip(empty, farthest):
-                source = labels[row]
-                sums[source] -= data[row]
-                sums[cluster] = data[row]
-                counts[cluster] = 1.0
-                counts[source] -= 1.0
+    far = ((data - old[labels]) ** 2).sum(axis=1)
+    if np.max(far) != 0:
+        farthest = np.argpartition(far, -empty.size)[: -empty.size - 1 : -1]
+        for cluster, row in zip(empty, farthest):
+            source = labels[row]
+            sums[source] -= data[row]
+            sums[cluster] = data[row]
+            counts[cluster] = 1.0
+            counts[source] -= 1.0
     biggest = int(np.argmax(counts))
     for j in range(k):
         if counts[j] > 0:
             sums[j] *= 1.0 / counts[j]
         else:  # still empty (fewer distinct rows than clusters): on the biggest cluster's centre
             sums[j] = sums[biggest]
-    shift = np.sqrt(_unrolled_squared_sums(sums - old))
-    return sums, shift
+    return sums, np.sqrt(_unrolled_squared_sums(sums - old))
 
 
 def _lloyd(data: np.ndarray, centres: np.ndarray, tol: float) -> tuple[np.ndarray, float]:
-    """One Lloyd run from ``centres``: labels ``(n,)`` int32 and inertia (summed squared
-    distances to the assigned centres)."""
+    """One Lloyd run from ``centres``: labels ``(n,)`` int32 (each row's nearest centre, the
+    first one on ties) and inertia (summed squared distances to the assigned centres)."""
     labels = np.full(data.shape[0], -1, dtype=np.int32)
     previous = labels.copy()
+    distances = _Distances(data, centres.shape[0])
     strict = False
     for _ in range(MAX_ITER):
-        _assign(data, centres, labels)
+        labels[:] = distances(centres).argmin(axis=0)
         centres, shift = _update(data, centres, labels)
-        if np.array_equal(labels, previous):
+        if (labels == previous).all():
             strict = True
             break
         if (shift ** 2).sum() <= tol:
             break
         previous[:] = labels
     if not strict:
-        _assign(data, centres, labels)
+        labels[:] = distances(centres).argmin(axis=0)
     per_row = _unrolled_squared_sums(data - centres[labels])
     return labels, float(np.cumsum(per_row)[-1])  # summed in row order
 
@@ -259,9 +310,9 @@ def _lloyd(data: np.ndarray, centres: np.ndarray, tol: float) -> tuple[np.ndarra
 def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether each label of ``a`` maps to a single label of ``b`` (scikit-learn's one-way test
     of two clusterings being the same up to renaming)."""
-    mapping: dict[int, int] = {}
-    for u, v in zip(a.tolist(), b.tolist()):
-        if mapping.setdefault(u, v) != v:
+    for u in np.unique(a):
+        mapped = b[a == u]
+        if np.any(mapped != mapped[0]):
             return False
     return True
 

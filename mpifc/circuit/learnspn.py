@@ -252,13 +252,20 @@ class _LeafMaker:
     def columns(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> list[LeafNode]:
         """``[self(v, x[rows, v]) for v in cols]``: one leaf per column of a fully factorised
         slice, with its piecewise-linear leaves on fixed bins fitted together
-        (:func:`~mpifc.circuit.leaves.piecewise_fit_fixed_columns`, bit-identical)."""
+        (:func:`~mpifc.circuit.leaves.piecewise_fit_fixed_columns`, bit-identical) and its
+        Bernoulli leaves from one count of ones (:meth:`_bernoullis`)."""
         pw = [i for i, v in enumerate(cols) if self._kinds[v] == "piecewise"] if self._fixed else []
         fitted: dict[int, Any] = {}
         if len(pw) > 1 and len(rows):
             sel = cols[pw]
             got = self._fit_pw_columns(x[np.ix_(rows, sel)], [self._bins[int(v)] for v in sel], **self._fixed_hp)
             fitted = {i: lf for i, lf in zip(pw, got) if lf is not None}
+        bern = [i for i, v in enumerate(cols) if self._kinds[v] == "bernoulli"]
+        if len(bern) > 1 and len(rows):
+            fitted.update(zip(bern, self._bernoullis(x, rows, cols[bern])))
+        gauss = [i for i, v in enumerate(cols) if self._kinds[v] == "gaussian"]
+        if len(gauss) > 1 and len(rows):
+            fitted.update(zip(gauss, self._gaussians(x, rows, cols[gauss])))
         out = []
         for i, v in enumerate(cols):
             lf = fitted.get(i)
@@ -269,6 +276,38 @@ class _LeafMaker:
             node.n_fit = len(rows)  # type: ignore[attr-defined]
             out.append(node)
         return out
+
+    def _bernoullis(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> list[Any]:
+        """The Bernoulli leaves of the columns ``cols`` on ``rows`` (at least one), as
+        :meth:`Bernoulli.fit <mpifc.circuit.leaves.Bernoulli.fit>` fits each: ``p = (n1 + alpha)
+        / (n + 2 alpha)`` with the same float64 operations, ``n1`` counted for all columns at
+        once (training data hold no NaN, so every row counts)."""
+        from mpifc.circuit.leaves import Bernoulli
+
+        alpha = self._p.leaf_kwargs.get("alpha", self._p.alpha)
+        n1 = np.count_nonzero(x[np.ix_(rows, cols)] == 1, axis=0).astype(np.float64)
+        probs = (n1 + alpha) / (np.float64(len(rows)) + 2 * alpha)
+        return [Bernoulli(float(q), alpha) for q in probs]
+
+    def _gaussians(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> list[Any]:
+        """The Gaussian leaves of the columns ``cols`` on ``rows`` (at least one), as
+        :meth:`Gaussian.fit <mpifc.circuit.leaves.Gaussian.fit>` fits each: mean and variance
+        by ``np.average`` with unit weights, i.e. a sum over the column's values divided by the
+        count. Each column is laid out as one contiguous row, whose sum numpy forms pairwise
+        exactly as it sums the column alone, so the leaves are the same to the bit."""
+        from mpifc.circuit.leaves import Gaussian
+
+        hp = self._p.leaf_kwargs
+        max_var = hp.get("max_var")
+        floors = [float(hp["min_var"])] * len(cols) if "min_var" in hp else self._min_var[cols].tolist()
+        values = x.T[np.ix_(cols, rows)]  # (columns, rows), C-ordered
+        n = np.float64(len(rows))
+        means = values.sum(axis=1) / n
+        values -= means[:, None]
+        values **= 2
+        variances = values.sum(axis=1) / n
+        return [Gaussian(float(m), max(float(v), lo), lo, max_var)
+                for m, v, lo in zip(means.tolist(), variances.tolist(), floors)]
 
     def _make(self, var: int, values: np.ndarray) -> LeafNode:
         info, p, kind = self._info, self._p, self._kinds[var]
@@ -458,8 +497,8 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
                 factorise(rows, cols, task.attach)
                 continue
             prod = ProductNode(scope=cols.tolist())
-            for v in cols[const]:
-                prod.add_child(make_leaf(int(v), x[rows, v]))
+            for leaf in make_leaf.columns(x, rows, cols[const]):
+                prod.add_child(leaf)
             task.attach(prod)
             queue.append(_Slice(rows, cols[~const], prod.add_child, task.skip_col_split))
             continue

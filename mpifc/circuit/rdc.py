@@ -135,7 +135,16 @@ def _ordinal_ranks(values: np.ndarray) -> np.ndarray:
     computed as SciPy does (stable argsort of the transposed columns, ranks scattered back)
     without its ~50 us of array-API dispatch and NaN handling per call."""
     n, m = values.shape
-    order = np.argsort(values.T, axis=-1, kind="stable")
+    columns = np.ascontiguousarray(values.T)
+    lo, hi = columns.min(axis=1, keepdims=True), columns.max(axis=1, keepdims=True)
+    upper = columns == hi
+    if ((columns == lo) | upper).all():
+        # Every column two-valued (or constant): the stable sort puts a column's low rows first,
+        # in row order, then its high rows, so the ranks are running counts -- no sort needed.
+        high_count = np.cumsum(upper, axis=1, dtype=np.int64)
+        low_count = np.arange(1, n + 1, dtype=np.int64) - high_count
+        return np.where(upper, low_count[:, -1:] + high_count, low_count).T
+    order = np.argsort(columns, axis=-1, kind="stable")
     ranks = np.empty((m, n), dtype=np.int64)
     np.put_along_axis(ranks, order, np.arange(1, n + 1, dtype=np.int64), axis=-1)
     return ranks.T
@@ -576,4 +585,173 @@ def gtest_dependent(data: np.ndarray, cards: Sequence[int], pvalue: float) -> np
         at = dof == k
         out[at] = np.maximum(g[at], 0.0) > chdtri(k, pvalue)
     np.fill_diagonal(out, True)
+    return out
+
+
+_BOUND_MARGIN = 1e-9
+"""Relative margin of the bounds in :func:`rdc_groups`: a pair is decided by a bound only when it
+clears the threshold by this much, far beyond the rounding of the eigenvalue it stands for."""
+
+
+def rdc_groups(
+    data: np.ndarray,
+    categorical: Sequence[bool],
+    cards: Sequence[int],
+    threshold: float,
+    *,
+    k: int = RDC_K,
+    s: float = RDC_S,
+    rng: np.random.Generator,
+    ties: str = "max",
+) -> list[np.ndarray] | None:
+    """The connected components of the graph ``rdc_matrix(...) >= threshold`` (same arguments
+    and random draws), found without the RDC of every pair; ``None`` where that search does not
+    apply (a two-valued table under ``ties="max"``, whose exact RDC is cheap; one column or row;
+    features over :data:`_FEATURE_BYTES`): the caller then thresholds :func:`rdc_matrix`.
+
+    Components are grown breadth-first from their smallest column: only the pairs of a newly
+    joined column with the columns not yet placed are measured, so a slice whose columns hang
+    together (the usual outcome of a column split) costs about ``d`` pairs instead of
+    ``d (d - 1) / 2``. Each measured pair is the same canonical correlation as in
+    :func:`rdc_matrix`, and most of them are decided without an eigensolve: the largest
+    singular value of the whitened cross-covariance lies between its largest column norm and
+    its Frobenius norm (:func:`_pair_decisions`).
+
+    Returns:
+        Arrays of column indices (ascending), ordered by their smallest member, as
+        :func:`mpifc.circuit.splitting.dependency_components` orders them.
+    """
+    n, d = data.shape
+    if d < 2 or n < 2:
+        return None
+    data = np.asarray(data, dtype=np.float64)
+    if ties not in TIES:
+        raise ValueError(f"rdc_groups: ties must be one of {TIES}, got {ties!r}")
+    if ties == "max" and _all_two_valued(data):
+        return None
+    categorical = list(categorical)
+    cards = list(cards)
+    kk = max([k] + [int(cards[j]) for j in range(d) if categorical[j]])
+    if d * n * kk * 8 > _FEATURE_BYTES:
+        return None
+    feats, mean_blocks, white = _column_features(data, categorical, cards, k, s, rng, ties, kk)
+    placed = np.zeros(d, dtype=bool)
+    groups = []
+    for seed in range(d):
+        if placed[seed]:
+            continue
+        placed[seed] = True
+        members = [seed]
+        frontier = np.array([seed])
+        while frontier.size and not placed.all():
+            rest = np.flatnonzero(~placed)
+            dep = _pair_decisions(feats, mean_blocks, white, frontier, rest, n, threshold)  # (f, r)
+            joined = rest[dep.any(axis=0)]
+            placed[joined] = True
+            members.extend(joined.tolist())
+            frontier = joined
+        groups.append(np.array(sorted(members), dtype=np.int64))
+    return groups
+
+
+def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int], k: int, s: float,
+                     rng: np.random.Generator, ties: str, kk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column, its random features ``(d, n, kk)``, their means ``(d, kk)`` and whitening
+    ``(d, kk, kk)``, from the same inputs, draws and formulas as :func:`_random_feature_rdc`."""
+    n, d = data.shape
+    xt, widths = _projection_inputs(data, categorical, cards, ties)  # (d, n, width)
+    width = xt.shape[2]
+    proj = np.zeros((d, width, kk))
+    gauss = rng.standard_normal((d, width, kk))
+    cont = [j for j in range(d) if not categorical[j]]
+    if cont:
+        proj[cont, :2] = gauss[cont, :2] * (s / 2)
+    for j in range(d):
+        if categorical[j]:
+            proj[j, : widths[j]] = gauss[j, : widths[j]] * (s / widths[j])
+    feats = _work("lin", (d, n, kk))
+    sums = np.empty((d, kk))
+    diag = _work("diag", (d, kk, kk))
+    # Columns in groups of about _FUSED_BYTES of features, each group's projection, sine, sums
+    # and products formed while its features are still in cache; every step is per column, so
+    # the values do not depend on the grouping.
+    step = max(1, _FUSED_BYTES // (8 * kk * max(n, 1)))
+    for c0 in range(0, d, step):
+        c1 = min(d, c0 + step)
+        f = np.matmul(xt[c0:c1], proj[c0:c1], out=feats[c0:c1])
+        np.sin(f, out=f)
+        np.add.reduce(f, axis=1, out=sums[c0:c1])
+        np.matmul(f.transpose(0, 2, 1), f, out=diag[c0:c1])
+    mean_blocks = sums / n  # (d, kk)
+    diag /= n
+    diag -= mean_blocks[:, :, None] * mean_blocks[:, None, :]
+    diag = 0.5 * (diag + diag.transpose(0, 2, 1))
+    lam, vec = np.linalg.eigh(diag)
+    lam_max = np.maximum(lam.max(axis=1, keepdims=True), 0.0)
+    keep = (lam > _RANK_TOL * lam_max) & (lam > _ABS_TOL)
+    keep &= ~(np.ptp(data, axis=0) == 0)[:, None]
+    white = vec * np.where(keep, 1.0 / np.sqrt(np.maximum(lam, 1e-300)), 0.0)[:, None, :]
+    return feats, mean_blocks, white
+
+
+_FUSED_BYTES = 2 << 20
+"""Feature bytes of one group of columns in :func:`_column_features` (a share of a cache)."""
+
+_GATHER_BYTES = 32 << 20
+"""Most feature bytes of one group of columns gathered at once in :func:`_pair_decisions`."""
+
+_PAIR_CHUNK = 4096
+"""Most pairs whose ``(kk, kk)`` blocks :func:`_pair_decisions` forms at once."""
+
+
+def _runs(cols: np.ndarray, size: int) -> list[np.ndarray]:
+    """``cols`` (ascending) cut into consecutive pieces of at most ``size`` entries."""
+    return [cols[i : i + size] for i in range(0, len(cols), size)]
+
+
+def _gather(feats: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``feats[cols]``, a view when ``cols`` is a range."""
+    if cols[-1] - cols[0] + 1 == len(cols):
+        return feats[cols[0] : cols[-1] + 1]
+    return feats[cols]
+
+
+def _pair_decisions(feats: np.ndarray, mean_blocks: np.ndarray, white: np.ndarray, left: np.ndarray,
+                    right: np.ndarray, n: int, threshold: float) -> np.ndarray:
+    """``(len(left), len(right))`` booleans: whether the RDC of columns ``left[a]`` and
+    ``right[b]`` is at least ``threshold``.
+
+    The whitened cross-covariance ``M`` of a pair is formed as in :func:`_pair_tops`; its
+    largest singular value (the RDC) is at most its Frobenius norm and at least its largest
+    row or column norm, so a pair whose Frobenius norm falls below the threshold, or one of
+    whose rows or columns reaches it, is decided (each by :data:`_BOUND_MARGIN`, so rounding
+    cannot cross); the rest take the eigensolve of :func:`_pair_tops`. Columns are taken in
+    groups (:data:`_GATHER_BYTES`, :data:`_PAIR_CHUNK`), so memory stays bounded."""
+    kk = feats.shape[2]
+    t2 = float(threshold) ** 2
+    per_col = max(1, _GATHER_BYTES // (8 * kk * max(n, 1)))
+    out = np.empty((len(left), len(right)), dtype=bool)
+    pos_l = 0
+    for lc in _runs(left, per_col):
+        lf = _gather(feats, lc).transpose(0, 2, 1)[:, None]  # (a, 1, kk, n)
+        wl = white[lc].transpose(0, 2, 1)[:, None]  # (a, 1, kk, kk)
+        ml = mean_blocks[lc][:, None, :, None]
+        pos_r = 0
+        for rc in _runs(right, max(1, min(per_col, _PAIR_CHUNK // len(lc)))):
+            cov = np.matmul(lf, _gather(feats, rc)[None])  # (a, b, kk, kk) raw moments
+            cov /= n
+            cov -= ml * mean_blocks[rc][None, :, None, :]
+            m = np.matmul(np.matmul(wl, cov), white[rc][None]).reshape(-1, kk, kk)
+            sq = m * m
+            fro = sq.sum(axis=(1, 2))
+            line = np.maximum(sq.sum(axis=1).max(axis=1), sq.sum(axis=2).max(axis=1))
+            dep = line >= t2 * (1.0 + _BOUND_MARGIN)
+            open_ = ~dep & (fro >= t2 * (1.0 - _BOUND_MARGIN))
+            if open_.any():
+                mo = m[open_]
+                sym = np.matmul(mo, mo.transpose(0, 2, 1))
+                dep[open_] = np.sqrt(np.clip(np.linalg.eigvalsh(sym)[:, -1], 0.0, 1.0)) >= threshold
+            out[pos_l : pos_l + len(lc), pos_r : pos_r + len(rc)] = dep.reshape(len(lc), len(rc))
+            pos_r += len(rc)
+        pos_l += len(lc)
     return out

@@ -15,7 +15,7 @@ import numpy as np
 
 from mpifc.circuit.kmeans import ClusteringWarning, kmeans_labels
 from mpifc.circuit.privacy import MIN_LEAF_ROWS  # no slice of fewer rows is learned on its own
-from mpifc.circuit.rdc import RDC_K, gtest_dependent, rdc_matrix
+from mpifc.circuit.rdc import RDC_K, gtest_dependent, rdc_groups, rdc_matrix
 
 __all__ = ["MIN_LEAF_ROWS", "ClusteringWarning", "absorb_small_clusters", "clustering_features",
            "dependency_components", "first_appearance", "kmeans_labels", "single_native_thread",
@@ -87,7 +87,11 @@ def split_columns_rdc(
     ties: str = "max",
 ) -> list[np.ndarray]:
     """Groups of columns whose pairwise RDC is below ``threshold`` across groups (``ties``: see
-    :func:`mpifc.circuit.rdc.ecdf`)."""
+    :func:`mpifc.circuit.rdc.ecdf`): the connected components of ``rdc_matrix(...) >=
+    threshold``, searched pair by pair where that is cheaper (:func:`mpifc.circuit.rdc.rdc_groups`)."""
+    groups = rdc_groups(data, categorical, cards, threshold, k=k, rng=rng, ties=ties)
+    if groups is not None:
+        return groups
     rdc = rdc_matrix(data, categorical, cards, k=k, rng=rng, ties=ties)
     return dependency_components(rdc >= threshold)
 

@@ -50,6 +50,26 @@ def test_ordinal_ecdf_equals_scipy_rankdata_bit_for_bit() -> None:
     assert np.isnan(got[:, 1]).all() and not np.isnan(got[:, [0, 2]]).any()
 
 
+def test_ordinal_ecdf_of_two_valued_tables_equals_scipy_rankdata() -> None:
+    """Tables whose every column holds at most two values take running counts instead of a
+    sort: the same ranks as SciPy's, whatever the two values, the dtype or the layout."""
+    rng = np.random.default_rng(9)
+    for t in range(120):
+        n, d = int(rng.integers(1, 500)), int(rng.integers(1, 9))
+        lo, hi = sorted(rng.choice([-np.inf, -3.5, 0.0, 1.0, 2.0, np.inf], size=2, replace=False))
+        x = np.where(rng.random((n, d)) < rng.random(d), hi, lo)
+        if t % 4 == 0:
+            x[:, 0] = lo  # constant column
+        if t % 5 == 0:
+            x = (x == hi).astype(np.int64) if t % 2 else x == hi
+        if t % 3 == 0:
+            x = np.asfortranarray(x)
+        want = rankdata(x, method="ordinal", axis=0) / float(n)
+        got = rdc.ecdf(x, "ordinal")
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes(order="C") == np.ascontiguousarray(want).tobytes(), t
+
+
 def test_projection_inputs_hold_the_copula_inputs_zero_padded() -> None:
     rng = np.random.default_rng(8)
     for t in range(60):
