@@ -203,6 +203,11 @@ CLASS_GLUE_EM_ITERS = 10
 """EM iterations the ``class`` glue runs by default on vertical data (``--em-iters`` wins)."""
 
 
+CLASS_GLUE_EM_ROWS = 2048
+"""Aligned rows the class glue's default EM runs on (:mod:`mpifc.federated.sampled_em`: a seeded
+sample, float32 values and flows; ``--em-rows`` wins, 0 for exact EM on every row)."""
+
+
 HORIZONTAL_CLASS_GLUE_ROWS = 1000
 """Horizontal data takes the ``class`` glue while its smallest client has fewer training rows."""
 
