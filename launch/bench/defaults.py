@@ -254,18 +254,17 @@ def main() -> None:
         agg["hgb"] = {k: mean_std([h[k] if h else None for h in anchors]) for k in ("accuracy", "f1_macro")}
         rows.append({"cell": cell, "runs": runs, "hgb": anchors, "agg": agg,
                      "missed": goals(cell, agg["old"], agg["new"]) + anchor_goals(cell, agg)})
-    print(f"\nmpifc train defaults, old (--preset learner, validation rows merged) / new (no flags); "
-          f"seeds {','.join(map(str, seeds))}; mean±std; {time.perf_counter() - t_all:.0f} s in all")
-    head = (f"{'dataset':<14}{'setting':<13}{'accuracy old / new':>28}{'macro F1 old / new':>28}"
-            f"{'test LL old / new':>30}{'wall s old / new':>26}{'cpu s old / new':>26}  goals")
-    print(head)
-    print("-" * len(head))
+    lines = []
     for r in rows:
         c, o, n = r["cell"], r["agg"]["old"], r["agg"]["new"]
         pair = lambda k, dg: f"{fmt(o[k], dg)} / {fmt(n[k], dg)}"  # noqa: E731
-        print(f"{c['dataset']:<14}{c['setting'] + ' ' + str(c['clients']):<13}{pair('accuracy', 3):>28}"
-              f"{pair('f1_macro', 3):>28}{pair('test_ll', 2):>30}{pair('wall', 1):>26}{pair('cpu', 2):>26}  "
-              f"{'ok' if not r['missed'] else 'missed: ' + ', '.join(r['missed'])}")
+        lines.append(f"{c['dataset']:<14}{c['setting'] + ' ' + str(c['clients']):<13}{pair('accuracy', 3):>28}"
+                     f"{pair('f1_macro', 3):>28}{pair('test_ll', 2):>30}{pair('wall', 1):>26}{pair('cpu', 2):>26}  "
+                     f"{verdict(r)}")
+    print_table(f"mpifc train defaults, old (--preset learner, validation rows merged) / new (no flags); "
+                f"seeds {','.join(map(str, seeds))}; mean±std; {time.perf_counter() - t_all:.0f} s in all",
+                f"{'dataset':<14}{'setting':<13}{'accuracy old / new':>28}{'macro F1 old / new':>28}"
+                f"{'test LL old / new':>30}{'wall s old / new':>26}{'cpu s old / new':>26}  goals", lines)
     print_one_table(rows, seeds)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float) + "\n")
@@ -288,12 +287,7 @@ def anchor_goals(cell: dict[str, Any], agg: dict[str, Any]) -> list[str]:
 def print_one_table(rows: list[dict[str, Any]], seeds: list[int]) -> None:
     """Every cell in one table: ours on default flags beside central HGB (classification) or the
     published LearnSPN (DEBD), and our training bytes beside SplitNN's (vertical)."""
-    print(f"\nmpifc train on default flags, one table; seeds {','.join(map(str, seeds))}; mean over seeds "
-          f"(gap: ours - HGB, accuracy / macro F1; SplitNN: {SPLITNN_EPOCHS} epochs, cut {SPLITNN_CUT})")
-    head = (f"{'dataset':<14}{'setting':<13}{'ours acc / F1':>16}{'HGB acc / F1':>16}{'gap':>16}"
-            f"{'ours bytes':>12}{'of it EM':>11}{'SplitNN bytes':>15}{'test LL':>10}{'published':>11}  goals")
-    print(head)
-    print("-" * len(head))
+    lines = []
     for r in rows:
         c, n, h = r["cell"], r["agg"]["new"], r["agg"]["hgb"]
         pair = lambda d: ("-" if d["accuracy"] is None else f"{d['accuracy'][0]:.3f} / {d['f1_macro'][0]:.3f}")  # noqa: E731
@@ -301,10 +295,26 @@ def print_one_table(rows: list[dict[str, Any]], seeds: list[int]) -> None:
                f"{n['accuracy'][0] - h['accuracy'][0]:+.3f} / {n['f1_macro'][0] - h['f1_macro'][0]:+.3f}")
         kb = lambda v: "-" if v is None else f"{v[0] / 1e3:.1f} kB"  # noqa: E731
         pub = PUBLISHED_DEBD.get(c["dataset"].partition(":")[2]) if c["goal"] == "debd" else None
-        print(f"{c['dataset']:<14}{c['setting'] + ' ' + str(c['clients']):<13}{pair(n):>16}{pair(h):>16}{gap:>16}"
-              f"{kb(n['bytes']):>12}{kb(n['em_bytes']):>11}{kb(n['splitnn_bytes']):>15}"
-              f"{n['test_ll'][0]:>10.2f}{'-' if pub is None else f'{pub:.2f}':>11}  "
-              f"{'ok' if not r['missed'] else 'missed: ' + ', '.join(r['missed'])}")
+        lines.append(f"{c['dataset']:<14}{c['setting'] + ' ' + str(c['clients']):<13}{pair(n):>16}{pair(h):>16}"
+                     f"{gap:>16}{kb(n['bytes']):>12}{kb(n['em_bytes']):>11}{kb(n['splitnn_bytes']):>15}"
+                     f"{n['test_ll'][0]:>10.2f}{'-' if pub is None else f'{pub:.2f}':>11}  {verdict(r)}")
+    print_table(f"mpifc train on default flags, one table; seeds {','.join(map(str, seeds))}; mean over seeds "
+                f"(gap: ours - HGB, accuracy / macro F1; SplitNN: {SPLITNN_EPOCHS} epochs, cut {SPLITNN_CUT})",
+                f"{'dataset':<14}{'setting':<13}{'ours acc / F1':>16}{'HGB acc / F1':>16}{'gap':>16}"
+                f"{'ours bytes':>12}{'of it EM':>11}{'SplitNN bytes':>15}{'test LL':>10}{'published':>11}  goals",
+                lines)
+
+
+def verdict(row: dict[str, Any]) -> str:
+    return "ok" if not row["missed"] else "missed: " + ", ".join(row["missed"])
+
+
+def print_table(title: str, head: str, lines: list[str]) -> None:
+    print(f"\n{title}")
+    print(head)
+    print("-" * len(head))
+    for line in lines:
+        print(line)
 
 
 if __name__ == "__main__":
