@@ -6,15 +6,17 @@ import copy
 
 import numpy as np
 
-from mpifc.federated.evaluate import log_likelihood, predict
+from mpifc.federated.evaluate import log_likelihood, predict, upward
 from mpifc.federated.one_pass import OnePassBuilder, build_single_process
 from mpifc.federated.sampled_em import (
     STOP_TOL,
     WIRE_DTYPE,
     fixed_clients,
+    leaf_bundle,
     run_single_process,
     sample_rows,
     should_stop,
+    split_bundle,
 )
 from mpifc.federated.wire_format import model_to_bytes
 
@@ -72,5 +74,14 @@ def test_sampled_em_stops_once_the_likelihood_settles():
     assert early[-1] - early[-2] < STOP_TOL <= early[-2] - early[-3]
 
 
-def test_values_and_flows_travel_as_float32():
-    assert np.dtype(WIRE_DTYPE).itemsize == 4
+def test_a_bundle_is_each_pcs_values_in_float32_in_the_reported_order():
+    fc, cols = _vertical(n=300)
+    leaves = [n for n in fc.leaves if n.leaf.client == 1]
+    pcs = [(n.leaf.model, n.leaf.features) for n in leaves]
+    bundle = leaf_bundle(pcs, cols)
+    assert bundle.dtype == WIRE_DTYPE and np.dtype(WIRE_DTYPE).itemsize == 4 and bundle.shape == (300 * len(pcs),)
+    got = split_bundle(bundle, list(range(len(pcs))), 300)
+    full = upward(fc, cols)
+    for i, n in enumerate(leaves):
+        np.testing.assert_allclose(got[i], full[n.id][:, 0], rtol=1e-6)
+        assert np.array_equal(got[i], full[n.id][:, 0].astype(np.float32).astype(np.float64))
