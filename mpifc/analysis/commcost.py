@@ -98,22 +98,23 @@ def splitnn_bytes(n_clients: int, cut: int, n_samples: int, epochs: int, itemsiz
 
 
 def sampled_em_bytes(rows: int, moving_leaves: int, fixed_leaves: int, iterations: int, stopped: bool,
-                     itemsize: int = FLOAT32) -> int:
+                     itemsize: int = FLOAT32, flow_itemsize: int = 2) -> int:
     """Per-sample payload of sampled EM (:mod:`mpifc.federated.sampled_em`, the class glue's
     default refinement on vertical data): ``rows`` sampled rows, ``iterations`` E-steps.
 
     The values of every PC in the first iteration and of the moving PCs (those of clients without
     the target) in each later one, then one flow per row and moving PC for each M-step, of which
     there are ``iterations - 1`` when the likelihood settled (``stopped``; the stop notice is an
-    empty bundle) and ``iterations`` otherwise::
+    empty bundle) and ``iterations`` otherwise; values of ``itemsize`` bytes (float32), flows of
+    ``flow_itemsize`` (float16)::
 
-        itemsize * rows * (fixed + moving * iterations + moving * (iterations - stopped))
+        rows * (itemsize * (fixed + moving * iterations) + flow_itemsize * moving * (iterations - stopped))
 
     Independent of the training rows beyond the sample.
     """
     _check(rows=rows, moving_leaves=moving_leaves, fixed_leaves=fixed_leaves, iterations=iterations)
-    m_steps = iterations - 1 if stopped else iterations
-    return itemsize * rows * (fixed_leaves + moving_leaves * iterations + moving_leaves * max(m_steps, 0))
+    m_steps = max(iterations - 1 if stopped else iterations, 0)
+    return rows * (itemsize * (fixed_leaves + moving_leaves * iterations) + flow_itemsize * moving_leaves * m_steps)
 
 
 def n_batches(n_samples: int, batch_size: int) -> int:

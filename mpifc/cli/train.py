@@ -70,7 +70,7 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--em-iters", type=int, default=None,
                    help="EM iterations for --refine em (>= 1; default 5, or 10 under the class glue's EM)")
     p.add_argument("--em-rows", type=int, default=None,
-                   help="vertical --refine em on a seeded sample of this many aligned rows (float32 values and "
+                   help="vertical --refine em on a seeded sample of this many aligned rows (float32 values, float16 "
                         "flows, the target holders' PCs kept, stopping once the LL settles; 0: exact EM on every "
                         "row; default: 0, or 2048 under the class glue's EM)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")

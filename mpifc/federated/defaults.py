@@ -64,7 +64,7 @@ Give Me Some Credit gives a higher macro F1 than the class split (0.75 against 0
 against 0.67). On vertical data the
 other clients' subspaces are k-means clustered (K = 4) and joined with every class
 (combinatorial weights), and sampled EM (``--refine em``, at most 10 iterations on
-:data:`CLASS_GLUE_EM_ROWS` seeded aligned rows, float32 per-sample values and flows, the label
+:data:`CLASS_GLUE_EM_ROWS` seeded aligned rows, float32 per-sample values, float16 flows, the label
 owner's PCs kept; :func:`default_refine`, :mod:`mpifc.federated.sampled_em`) learns how the
 classes and those clusters go together: without it the prediction would use the label owner's
 columns alone. Exact EM over every row sends ``2 * 8 * rows * PCs`` bytes an iteration (13 MB
@@ -208,7 +208,7 @@ CLASS_GLUE_EM_ITERS = 10
 
 CLASS_GLUE_EM_ROWS = 2048
 """Aligned rows the class glue's default EM runs on (:mod:`mpifc.federated.sampled_em`: a seeded
-sample, float32 values and flows; ``--em-rows`` wins, 0 for exact EM on every row)."""
+sample, float32 values and float16 flows; ``--em-rows`` wins, 0 for exact EM on every row)."""
 
 
 HORIZONTAL_CLASS_GLUE_ROWS = 1000

@@ -1,5 +1,5 @@
 """Sampled EM on vertical data: the class glue's tie between classes and clusters, learned on a
-seeded sample of the aligned rows, with values and flows sent as float32.
+seeded sample of the aligned rows, with values sent as float32 and flows as float16.
 
 Exact vertical EM (:func:`mpifc.federated.em.em_step`, ``--refine em``) sends, every iteration,
 one float64 log-value per training row for every leaf up to the server and one flow per row back
@@ -13,8 +13,9 @@ compute the same thing without a message about it:
 * **rows**: a seeded sample of ``rows`` of the aligned training rows (:func:`sample_rows`; the
   same positions on every client, since vertical clients hold the same ids in the same order);
   every row when ``rows`` is at least the row count;
-* **fewer bits**: values and flows travel as float32 (:func:`on_the_wire`); the server computes
-  in float64 from what it received, as the single-process run does from the same float32 values;
+* **fewer bits**: values travel as float32 and flows (shares in ``[0, 1]``) as float16
+  (:func:`on_the_wire`); each side computes in float64 from what it received, as the
+  single-process run does from the same rounded numbers;
 * **fixed leaves of the target's holders**: a client that holds the target keeps its PCs (its
   class PCs' flows would be the class indicator it already knows, and its rows are split by
   class already), so it sends its values once, in the first iteration, and no flow comes back;
@@ -26,7 +27,7 @@ sample rows; the server combines them with the fixed values into every inner nod
 sample's mean log-likelihood, decides whether to go on, and if so updates the sum weights and
 sends each moving client the float32 flows of its leaves, which it uses for its leaves' M-step on
 its own sample rows (:func:`mpifc.federated.em.update_leaf`). What crosses ranks: per-sample
-likelihood values (``fc.query.values``) and flows (``fc.em.flows``) of the sample rows only,
+likelihood values (``fc.query.values``) and flows (``fc.em.flows``) of the sampled rows only,
 never a row, a label or a raw value.
 """
 from __future__ import annotations
@@ -39,7 +40,10 @@ from mpifc.federated.evaluate import Columns, _model_ll, combine
 from mpifc.federated.structure import LEAF, FederatedCircuit
 
 WIRE_DTYPE = np.float32
-"""dtype of the values and flows sampled EM sends."""
+"""dtype of the log-values sampled EM sends (their differences between PCs decide the flows)."""
+
+FLOW_DTYPE = np.float16
+"""dtype of the flows sampled EM sends: shares in ``[0, 1]``, to about 5e-4 of their size."""
 
 STOP_TOL = 1e-3
 """Sampled EM ends once an iteration raises the sample's mean log-likelihood by less than this
@@ -65,9 +69,10 @@ def take_rows(cols: Columns, idx: np.ndarray | None) -> Columns:
     return dict(cols) if idx is None else {f: np.asarray(v)[idx] for f, v in cols.items()}
 
 
-def on_the_wire(a: np.ndarray) -> np.ndarray:
-    """``a`` as it travels (:data:`WIRE_DTYPE`, contiguous, flat)."""
-    return np.ascontiguousarray(np.asarray(a, dtype=np.float64).reshape(-1), dtype=WIRE_DTYPE)
+def on_the_wire(a: np.ndarray, dtype: Any = WIRE_DTYPE) -> np.ndarray:
+    """``a`` as it travels (``dtype``: :data:`WIRE_DTYPE` for values, :data:`FLOW_DTYPE` for
+    flows; contiguous, flat)."""
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float64).reshape(-1), dtype=dtype)
 
 
 def from_the_wire(a: np.ndarray) -> np.ndarray:
@@ -174,12 +179,13 @@ def run_single_process(fc: FederatedCircuit, cols: Columns, iters: int, rows: in
         for c, ids in leaves.items():
             if c in fixed or not ids:
                 continue
-            got = split_bundle(on_the_wire(np.concatenate([flows.get(nid, np.zeros(m)) for nid in ids])), ids, m)
+            got = split_bundle(on_the_wire(np.concatenate([flows.get(nid, np.zeros(m)) for nid in ids]), FLOW_DTYPE),
+                               ids, m)
             for nid, (model, feats) in zip(ids, pcs[c]):
                 leaf_mstep(model, feats, sample, got[nid])
     return trace
 
 
-__all__ = ["SAMPLE_SEED", "STOP_TOL", "WIRE_DTYPE", "client_leaves", "fixed_clients", "from_the_wire", "leaf_bundle", "leaf_mstep", "pc_input",
+__all__ = ["FLOW_DTYPE", "SAMPLE_SEED", "STOP_TOL", "WIRE_DTYPE", "client_leaves", "fixed_clients", "from_the_wire", "leaf_bundle", "leaf_mstep", "pc_input",
            "on_the_wire", "run_single_process", "sample_rows", "server_pass", "should_stop", "split_bundle",
            "take_rows"]

@@ -8,7 +8,7 @@ Per iteration (ledger phase ``em``):
    target send theirs in the first iteration only (their PCs stay as learned).
 2. The server combines them into every inner node, records the sample's mean log-likelihood and
    decides whether to go on (:func:`~mpifc.federated.sampled_em.should_stop`).
-3. ``fc.em.flows`` (server -> each client without the target, float32 ``(rows x leaves,)``): the
+3. ``fc.em.flows`` (server -> each client without the target, float16 ``(rows x leaves,)``): the
    flows of its PCs, for their M-step on its sampled rows. An empty bundle says the iterations
    ended early (no M-step).
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from mpifc.federated.one_pass import ClientReport, insert_models
 from mpifc.federated.sampled_em import (
+    FLOW_DTYPE,
     STOP_TOL,
     fixed_clients,
     leaf_bundle,
@@ -81,11 +82,12 @@ def server_sampled_em(ctx: Any, cfg: dict[str, Any], fc: FederatedCircuit, ranks
                       + ("; LL settled, stopping" if stop else ""))
         if stop:
             for c in moving:
-                t.send(np.zeros(0, dtype=np.float32), ranks[c], P.FLOWS)
+                t.send(np.zeros(0, dtype=FLOW_DTYPE), ranks[c], P.FLOWS)
             break
         update_sums(fc, stats)
         for c in moving:
-            t.send(on_the_wire(np.concatenate([flows.get(nid, np.zeros(m)) for nid in ids[c]])), ranks[c], P.FLOWS)
+            t.send(on_the_wire(np.concatenate([flows.get(nid, np.zeros(m)) for nid in ids[c]]), FLOW_DTYPE),
+                   ranks[c], P.FLOWS)
     models = {}
     with beat.while_waiting(lambda: f"EM: receiving the refined PCs [{time.perf_counter() - t0:.1f} s]"):
         for rep in reports:

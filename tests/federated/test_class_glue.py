@@ -103,7 +103,7 @@ def test_class_glue_needs_a_classification_target():
 @pytest.mark.mpi
 def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
     # mpifc train's defaults on vertical data with a label: the class glue, K = 4 clusters for the
-    # other client and at most 10 iterations of sampled EM (float32 values and flows, the label
+    # other client and at most 10 iterations of sampled EM (float32 values, float16 flows, the label
     # owner's PCs kept); mpifc.simulate runs the same EM in one process, so both give the same
     # model, and the EM phase sends exactly what its closed form says
     import mpifc
