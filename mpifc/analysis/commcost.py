@@ -97,6 +97,26 @@ def splitnn_bytes(n_clients: int, cut: int, n_samples: int, epochs: int, itemsiz
     return epochs * n_samples * (directions * n_clients * cut + 2 * n_classes) * itemsize
 
 
+def sampled_em_bytes(rows: int, moving_leaves: int, fixed_leaves: int, iterations: int, stopped: bool,
+                     itemsize: int = FLOAT32, flow_itemsize: int = 2) -> int:
+    """Per-sample payload of sampled EM (:mod:`mpifc.federated.sampled_em`, the class glue's
+    default refinement on vertical data): ``rows`` sampled rows, ``iterations`` E-steps.
+
+    The values of every PC in the first iteration and of the moving PCs (those of clients without
+    the target) in each later one, then one flow per row and moving PC for each M-step, of which
+    there are ``iterations - 1`` when the likelihood settled (``stopped``; the stop notice is an
+    empty bundle) and ``iterations`` otherwise; values of ``itemsize`` bytes (float32), flows of
+    ``flow_itemsize`` (float16)::
+
+        rows * (itemsize * (fixed + moving * iterations) + flow_itemsize * moving * (iterations - stopped))
+
+    Independent of the training rows beyond the sample.
+    """
+    _check(rows=rows, moving_leaves=moving_leaves, fixed_leaves=fixed_leaves, iterations=iterations)
+    m_steps = max(iterations - 1 if stopped else iterations, 0)
+    return rows * (itemsize * (fixed_leaves + moving_leaves * iterations) + flow_itemsize * moving_leaves * m_steps)
+
+
 def n_batches(n_samples: int, batch_size: int) -> int:
     """Minibatches per epoch (``batch_size <= 0``: one full batch)."""
     if batch_size <= 0 or batch_size >= n_samples:
@@ -396,4 +416,4 @@ __all__ = ["COUNT_FIELDS", "FLOAT32", "INT64", "MB", "PAPER", "Scenario", "Measu
            "clients_per_round", "fedpc_sent_bytes", "model_array_bytes",
            "fedavg_bytes", "fedavg_messages", "fedpc_horizontal_bytes", "fedpc_vertical_bytes",
            "fedpc_hybrid_bytes", "n_batches", "plot_appendix_d", "scenario_costs", "splitnn_bytes",
-           "splitnn_messages", "vertical_condition", "with_headers"]
+           "splitnn_messages", "sampled_em_bytes", "vertical_condition", "with_headers"]

@@ -74,6 +74,10 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
                         "else none")
     p.add_argument("--em-iters", type=int, default=None,
                    help="EM iterations for --refine em (>= 1; default 5, or 10 under the class glue's EM)")
+    p.add_argument("--em-rows", type=int, default=None,
+                   help="vertical --refine em on a seeded sample of this many aligned rows (float32 values, float16 "
+                        "flows, the target holders' PCs kept, stopping once the LL settles; 0: exact EM on every "
+                        "row; default: 0, or 2048 under the class glue's EM)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     add_deadline_argument(p)
     add_liveness_argument(p)
@@ -176,13 +180,16 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError("--assign tree needs --servers S with S >= 1")
     if args.em_iters is not None and args.em_iters < 1:
         raise UserError(f"--em-iters must be >= 1, got {args.em_iters}")
+    if args.em_rows is not None and args.em_rows < 0:
+        raise UserError(f"--em-rows must be >= 0, got {args.em_rows}")
     refine = args.refine if args.refine is not None or preset == "adaptive" else "none"
     return {"dir": str(args.dir), "learner": learner, "client_learners": learners, "glue": glue if glue or preset == "adaptive" else "random",
             "clusters": clusters, "products": args.products, "seed": args.seed, "hyperparameters": hp,
             "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
             "audit_findings": args.audit_findings,
-            "refine": refine, "em_iters": args.em_iters, "em_initial_model": args.em_initial_model,
+            "refine": refine, "em_iters": args.em_iters, "em_rows": args.em_rows,
+            "em_initial_model": args.em_initial_model,
             "exclusive_timing": bool(args.exclusive_timing), "overwrite": bool(getattr(args, "overwrite", False)),
             "warm_up": bool(args.warm_up or args.exclusive_timing)}
 

@@ -34,6 +34,35 @@ from mpifc.experiments.table7 import budgets
 
 FEDPC_KINDS = ("fc.train.model", "fc.train.counts")
 CLUSTERS, PRODUCTS = 2, 4
+DEFAULTS_METHOD = "fedpc-defaults"
+"""Cells of ``mpifc train`` on default flags (no setting but the seed): every byte it sends."""
+
+
+def default_grid(quick: bool) -> list[tuple[str, int]]:
+    """(setting, clients) of the default-flag cells: every setting (``--quick``: the two that
+    table7's quick FC[PC] runs share with it, so they cost no job)."""
+    return [("horizontal", 2), ("vertical", 2)] if quick else [("central", 1), ("horizontal", 5), ("vertical", 2),
+                                                               ("hybrid", 2)]
+
+
+def fedpc_default_bytes(launch: Launcher, shards: Path, runs: Path, seed: int) -> dict[str, Any]:
+    """``mpifc train SHARDS --seed S`` (default flags): its training bytes (every message, headers
+    included, as the summary counts them), per phase from the ledger, and its test accuracy and
+    macro F1 (gathered evaluation)."""
+    from mpifc.experiments.jobs import evaluate_fc
+
+    tr = train_fc_cached(launch, shards, runs, seed=seed, preset="adaptive")
+    phases: dict[str, int] = {}
+    with open(tr["ledger_path"], newline="") as f:
+        for r in csv.DictReader(f):
+            if r["phase"] not in ("teardown",) and r["kind"] != "fc.train.done":
+                phases[r["phase"]] = phases.get(r["phase"], 0) + int(r["total_bytes"])
+    ev = evaluate_fc(shards, Path(tr["model_path"]))
+    return {"measured_total_bytes": int(tr["bytes_train"]), "measured_bytes": int(tr["bytes_train"]),
+            "em_bytes": phases.get("em", 0), "gather_bytes": phases.get("gather", 0),
+            "em_iterations": len(tr.get("em_train_ll") or []), "glue": tr.get("glue"),
+            "accuracy": ev.get("accuracy"), "f1_macro": ev.get("f1"), "test_ll": ev.get("test_ll"),
+            "ledger": tr["ledger_path"], "cached_run": tr["cached"]}
 
 
 def ledger_bytes(path: Path, kinds: Sequence[str] | None = None, phase: str | None = None) -> dict[str, int]:
@@ -113,12 +142,15 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
         for seed in seeds:
             cells += [Cell(ds, "horizontal", n_h, "fedpc", seed), Cell(ds, "horizontal", n_h, "fedavg", seed),
                       Cell(ds, "vertical", n_v, "fedpc", seed), Cell(ds, "vertical", n_v, "splitnn", seed)]
+            cells += [Cell(ds, s, c, DEFAULTS_METHOD, seed) for s, c in default_grid(quick)]
 
     def work(cell: Cell) -> dict[str, Any]:
         # The baselines are the same runs as table7's (same shards and budgets): with a shared
         # shard cache they are reused, not rerun. FedPC is not: table7's FC[PC] runs mpifc
         # train's adaptive defaults, this study keeps Table 4's fixed settings and glue.
         d = cache.get(ShardSpec(cell.dataset, cell.setting, cell.clients, cell.seed, max_rows=rows))
+        if cell.method == DEFAULTS_METHOD:
+            return fedpc_default_bytes(launch, d, cache.runs, cell.seed)
         if cell.method == "fedpc":
             thr, mis, glue = TABLE4[cell.setting].get(cell.dataset, (0.4, 100, "combinatorial"))
             hp = capped_hp({"threshold": thr, "min_instances_slice": mis}, d)
@@ -149,7 +181,7 @@ def run(out_dir: str | Path, seeds: Sequence[int], quick: bool = False, datasets
 
 AGG_METRICS = ("measured_bytes", "formula_bytes", "ratio", "format_bytes", "wire_header_bytes", "header_bytes",
                "control_bytes",
-               "measured_total_bytes", "paper_form_bytes", "bytes_per_parameter")
+               "measured_total_bytes", "paper_form_bytes", "bytes_per_parameter", "em_bytes", "accuracy", "f1_macro")
 
 
 def _measured_note(records: list[dict[str, Any]], quick: bool) -> str:
@@ -162,6 +194,30 @@ def _measured_note(records: list[dict[str, Any]], quick: bool) -> str:
     note = (f"measured (ours, x): |C|={clients}, FedAvg K={values('fedavg', 'rounds')} rounds, "
             f"SplitNN E={values('splitnn', 'epochs')} epochs F={values('splitnn', 'cut')}")
     return note + (" -- quick (smoke test)" if quick else "")
+
+
+def defaults_rows(agg: list[dict[str, Any]], datasets: Sequence[str], epochs: int) -> list[list[Any]]:
+    """One row per default-flag cell: our bytes beside FedAvg's and SplitNN's (``epochs``
+    epochs) on the dataset."""
+    by = {(a["dataset"], a["setting"], a["method"]): a for a in agg}
+    out = []
+    for ds in datasets:
+        fedavg, split = by.get((ds, "horizontal", "fedavg")), by.get((ds, "vertical", "splitnn"))
+        okb = lambda a: a is not None and a["status"] == OK  # noqa: E731
+        for a in (a for a in agg if a["dataset"] == ds and a["method"] == DEFAULTS_METHOD):
+            if a["status"] != OK:
+                out.append([ds, a["setting"], a["clients"], short_error(a)] + ["–"] * 7)
+                continue
+            ours = a["measured_total_bytes_mean"]
+            acc = "–" if a.get("accuracy_mean") is None else f"{a['accuracy_mean']:.3f} / {a['f1_macro_mean']:.3f}"
+            s_b = split["measured_total_bytes_mean"] if okb(split) else None
+            out.append([ds, a["setting"], a["clients"], f"{ours:.0f}", _n(a, "em_bytes"), acc,
+                        _n(fedavg, "measured_total_bytes") if okb(fedavg) else "–",
+                        f"{s_b:.0f}" if s_b else "–",
+                        f"{split['accuracy_mean']:.3f}" if okb(split) and split.get("accuracy_mean") is not None else "–",
+                        f"{s_b / ours:.1f}x" if s_b else "–",
+                        f"{s_b / epochs / ours:.2f}x" if s_b and epochs else "–"])
+    return out
 
 
 def _n(a: dict[str, Any], key: str) -> str:
@@ -182,6 +238,8 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
     by = {(a["dataset"], a["setting"], a["method"]): a for a in agg}
     table, points = [], []
     for a in agg:
+        if a["method"] == DEFAULTS_METHOD:
+            continue
         ok = a["status"] == OK
         table.append([a["dataset"], a["setting"], a["clients"], a["method"],
                       _n(a, "measured_bytes") if ok else short_error(a), _n(a, "formula_bytes"),
@@ -235,6 +293,13 @@ def write_outputs(out: Path, records: list[dict[str, Any]], counts: dict[str, in
                                 "measured / formula", "format B", "wire header B", "headers B", "control B", "total B",
                                 "paper form B"], table)
     md += "\n\nMeasured ratios:\n\n" + markdown_table(["where", "ratio", "value", "claim holds"], ratios)
+    md += ("\n\nDefault flags (``mpifc train SHARDS --seed S``), every byte of training (headers and control "
+           "included) beside the baselines' training bytes on the same dataset and rows (FedAvg: the horizontal "
+           f"split, K={rounds} rounds; SplitNN: the vertical split, E={epochs} epochs, F={cut}; one SplitNN epoch "
+           "is its bytes / E):\n\n")
+    md += markdown_table(["dataset", "setting", "clients", "ours B", "of which EM B", "ours acc / F1", "FedAvg B",
+                          "SplitNN B", "SplitNN acc", "SplitNN B / ours", "SplitNN epoch B / ours"],
+                         defaults_rows(agg, datasets, epochs))
     md += (f"\n\nThe claims at paper-like sizes (closed forms; |C|={sc.n_clients}, FedAvg K={sc.rounds} rounds, "
            f"SplitNN E={sc.epochs} F={sc.cut}, FedPC K={sc.clusters} clusters, P={sc.products}, down+up):\n\n")
     md += markdown_table(["reading", "size", "FedAvg/FedPC", ">= 100x", "SplitNN/FedPC", ">= 1000x",

@@ -75,11 +75,11 @@ def warn_idle_ranks(ctx: Any, used: int, what: str) -> None:
 
 
 def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any]:
-    """Fill ``glue``, ``refine`` and ``em_iters`` left ``None`` (flags not given) in place, by the
+    """Fill ``glue``, ``refine``, ``em_iters`` and ``em_rows`` left ``None`` (flags not given) in place, by the
     adaptive rule (:func:`mpifc.federated.defaults.default_glue`, :func:`~mpifc.federated.
     defaults.default_refine`) from the manifest's setting and which clients hold the target.
     Every rank reads the same manifest, so every rank resolves the same values."""
-    from mpifc.federated.defaults import default_glue, default_refine
+    from mpifc.federated.defaults import CLASS_GLUE_EM_ROWS, default_glue, default_refine
 
     n = int(manifest.n_clients)
     target = manifest.target
@@ -96,6 +96,8 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
         cfg["refine"] = refine
         if cfg.get("em_iters") is None and refine == "em":
             cfg["em_iters"] = iters
+        if cfg.get("em_rows") is None and refine == "em":
+            cfg["em_rows"] = CLASS_GLUE_EM_ROWS
     if cfg.get("em_iters") is None:
         cfg["em_iters"] = 5
     return cfg

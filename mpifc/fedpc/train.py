@@ -292,7 +292,11 @@ def _client_job(ctx: Any, cfg: dict[str, Any], index: int, data: ClientData, tim
         ctx.ledger.set_phase("em")
         ctx.enter("em")
         with _clock(times, walls, "em"):
-            if plan.setting == "vertical":
+            if plan.setting == "vertical" and cfg.get("em_rows"):
+                from mpifc.fedpc.sampled_em import client_sampled_em
+
+                client_sampled_em(ctx, cfg, index, data, report, plan.target in data.shard.features)
+            elif plan.setting == "vertical":
                 _client_em(ctx, cfg, index, data, report)
             else:  # horizontal / hybrid: pooled E-step statistics (mpifc.fedpc.em)
                 from mpifc.fedpc.em import pooled_client_em
@@ -428,7 +432,11 @@ def _server(ctx: Any, cfg: dict[str, Any], manifest: Any, ranks: dict[int, int],
         ctx.enter("em")
         progress.phase(f"exact EM, {int(cfg['em_iters'])} iterations")
         with _clock(busy, walls, "em"):
-            if manifest.setting == "vertical":
+            if manifest.setting == "vertical" and cfg.get("em_rows"):
+                from mpifc.fedpc.sampled_em import server_sampled_em
+
+                em_trace = server_sampled_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
+            elif manifest.setting == "vertical":
                 em_trace = _server_em(ctx, cfg, fc, ranks, reports, decls[0].n_rows)
             else:  # horizontal / hybrid: pooled E-step statistics (mpifc.fedpc.em)
                 from mpifc.fedpc.em import pooled_server_em

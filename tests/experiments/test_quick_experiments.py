@@ -123,6 +123,13 @@ def test_commcost_quick_reuses_table7_runs(quick_table7, quick_commcost):
     # runs mpifc train's adaptive defaults, commcost's FedPC Table 4's fixed settings
     assert all(r["cached_run"] for k, r in cells.items() if k[2] != "fedpc")
     assert not any(r["cached_run"] for k, r in cells.items() if k[2] == "fedpc")
+    # default flags: every byte of the job (the summary's count), beside the baselines'
+    for st in ("horizontal", "vertical"):
+        rec = cells[(st, 2, "fedpc-defaults")]
+        assert rec["measured_total_bytes"] > 0 and 0 < rec["accuracy"] <= 1
+        assert f"| {rec['measured_total_bytes']} |" in md
+    assert cells[("vertical", 2, "fedpc-defaults")]["em_bytes"] > 0
+    assert "Default flags" in md
     t7 = by_cell(quick_table7[1])
     assert cells[("horizontal", 2, "fedavg")]["ledger"] == t7[("horizontal", 2, "fedavg")]["ledger"]
 

@@ -2,16 +2,19 @@
 and (vertical) exact EM tying the other clients' clusters to the label owner's classes."""
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
 import pytest
 
 from mpifc.errors import UserError
-from mpifc.federated.defaults import default_clusters, default_glue, default_refine
+from mpifc.federated.defaults import CLASS_GLUE_EM_ROWS, default_clusters, default_glue, default_refine
 from mpifc.federated.em import em_step
 from mpifc.federated.evaluate import log_likelihood, predict
 from mpifc.federated.one_pass import OnePassBuilder, build_single_process
+from mpifc.federated.sampled_em import STOP_TOL, should_stop
+from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import PRODUCT, SUM
 
 from tests.federated.fixtures import FEATURES, all_binary, binary_table, split
@@ -100,8 +103,9 @@ def test_class_glue_needs_a_classification_target():
 @pytest.mark.mpi
 def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
     # mpifc train's defaults on vertical data with a label: the class glue, K = 4 clusters for the
-    # other client and 10 iterations of exact distributed EM; mpifc.simulate runs the same EM in
-    # one process, so both give the same model
+    # other client and at most 10 iterations of sampled EM (float32 values, float16 flows, the label
+    # owner's PCs kept); mpifc.simulate runs the same EM in one process, so both give the same
+    # model, and the EM phase sends exactly what its closed form says
     import mpifc
     from data_prep.shards import read_test
     from mpifc.cli.prep import run as prep_run
@@ -111,8 +115,9 @@ def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
     prep_run(["--dataset", "breast-cancer", "--setting", "vertical", "--clients", "2", "--seed", "1",
               "--out", str(shards)])
     audit = tmp_path / "audit"
+    ledger = tmp_path / "ledger.csv"
     r = run_mpi(3, ["-m", "mpifc", "train", str(shards), "--seed", "1", "--model", str(model), "--json",
-                    "--audit", str(audit)], timeout=300)
+                    "--audit", str(audit), "--ledger", str(ledger)], timeout=300)
     assert r.returncode == 0, r.stderr
     # the clients' per-sample messages are EM's values (and nothing else), allowed by the job;
     # no raw row or column is among anything they sent
@@ -122,7 +127,20 @@ def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
         assert all(v["allowed"] for v in summary["per_sample"].values())
         assert summary["raw_rows"] == summary["raw_columns"] == 0 and not summary["shape_violations"]
     summary = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
-    assert summary["glue"] == "class" and len(summary["em_train_ll"]) == 10
+    trace = summary["em_train_ll"]
+    assert summary["glue"] == "class" and 2 <= len(trace) <= 10
+    assert len(trace) == 10 or should_stop(trace, STOP_TOL)
+    # the EM phase's per-sample payload: the closed form for this run's rows, PCs and iterations
+    from mpifc.analysis.commcost import sampled_em_bytes
+
+    n = json.loads((shards / "manifest.json").read_text())["clients"][0]["n_train"]
+    with open(ledger, newline="") as f:
+        rows = [x for x in csv.DictReader(f) if x["phase"] == "em" and x["kind"] in ("fc.query.values", "fc.em.flows")]
+    fc = load_fc(model, load_models=False)
+    holder = {n_.leaf.client for n_ in fc.leaves if "diagnosis" in n_.leaf.features}
+    fixed = sum(1 for n_ in fc.leaves if n_.leaf.client in holder)
+    assert sum(int(x["payload_bytes"]) for x in rows) == sampled_em_bytes(
+        min(n, CLASS_GLUE_EM_ROWS), len(fc.leaves) - fixed, fixed, len(trace), should_stop(trace, STOP_TOL))
     mpi = mpifc.load(model)
     sim = mpifc.simulate(shards, seed=1)
     test = read_test(shards)
