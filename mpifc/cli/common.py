@@ -32,7 +32,7 @@ def add_audit_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: no audit)")
     p.add_argument("--audit-findings", default="fail", choices=("fail", "record"),
                    help="what an audit finding does: fail = the message is not sent and the job ends with exit "
-                        "code 3, writing no model (default); record = it is sent and recorded, and the model's "
+                        "code 3, writing no model; record = it is sent and recorded, and the model's "
                         "meta says so")
 
 
