@@ -4,5 +4,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" ""
 cd "$MPIFC_ROOT"
+# Test files run on $MPIFC_TEST_WORKERS workers (default 2; 0 runs them in this process), each
+# file whole on one worker, so a module's fixtures are built once.
 # pytest's own exit code is kept: 5 (no tests ran) is a failure, not a success.
-exec "$MPIFC_VENV/bin/python" -m pytest "$@"
+exec "$MPIFC_VENV/bin/python" -m pytest -n "${MPIFC_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -48,7 +48,7 @@ WAIT_KINDS = ("recv", "barrier", "send", "recv_any", "await")
 
 @pytest.fixture(scope="module")
 def idle_waits() -> dict[str, dict]:
-    r = run_mpi(2, [WAITS, "--rank-side", "4", *WAIT_KINDS], timeout=300)
+    r = run_mpi(2, [WAITS, "--rank-side", "2", *WAIT_KINDS], timeout=300)
     assert r.returncode == 0, r.stderr
     return {d["wait"]: d for d in map(json.loads, r.stdout.strip().splitlines())}
 
@@ -61,7 +61,7 @@ def test_a_waiting_rank_sleeps_instead_of_spinning(idle_waits, wait):
     wake-ups on a loaded machine stay far below it, and a wait that spins (a blocking MPI wait,
     some 100 % of a core on an idle machine) is far above it."""
     got = idle_waits[wait]
-    assert got["wall"] >= 4.0, got
+    assert got["wall"] >= 2.0, got
     assert got["cpu"] / got["wall"] < 0.25, got  # process CPU time: every thread of the waiting rank
 
 
