@@ -59,7 +59,7 @@ def run_here(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def gone_soon(*paths: Path, timeout: float = 10.0) -> bool:
+def gone_soon(*paths: Path, timeout: float = 60.0) -> bool:
     """True once none of ``paths`` exists (a killed rank's partial files are the node sentinel's
     to remove, just after the job ends)."""
     until = time.monotonic() + timeout

@@ -11,9 +11,9 @@ pytestmark = pytest.mark.mpi
 PROG = "tests/runtime/progs/failing.py"
 
 
-def _run(args: list[str], n: int = 4) -> tuple[object, float]:
+def _run(args: list[str], n: int = 4, timeout: float = 30) -> tuple[object, float]:
     t0 = time.monotonic()
-    r = run_mpi(n, [PROG, *args], timeout=30)
+    r = run_mpi(n, [PROG, *args], timeout=timeout)
     return r, time.monotonic() - t0
 
 
@@ -34,10 +34,10 @@ def test_user_error_on_one_rank_is_one_line_and_exit_code_2():
 
 
 def test_deadline_is_the_jobs_wall_clock_limit_and_says_what_each_rank_does():
-    r, elapsed = _run(["deadline"])
+    r, elapsed = _run(["deadline"], timeout=300)
     assert r.returncode == 1, r.stderr
-    # rank 1 sleeps 30 s: finishing well before proves the limit ended it.
-    assert elapsed < 15, elapsed
+    # rank 1 sleeps 600 s: ending in a fraction of that proves the limit ended it, at any load.
+    assert elapsed < 200, elapsed
     assert ("mpifc: the job ran past its --deadline of 1 s (wall clock): rank 0 in phase 'startup' waits on rank 1 "
             "(a 'test.never' message); rank 1 in phase 'startup' computes;") in r.stderr
     assert r.stderr.count("mpifc:") == 1, r.stderr

@@ -4,7 +4,7 @@ Modes:
   raise     rank RANK raises ValueError while the others wait for it in a receive
   usererror rank RANK raises UserError (exit code 2)
   deadline  a job with a 1 s wall-clock limit: rank 0 waits for a 'test.never' message while
-            rank 1 computes (sleeps) for 30 s
+            rank 1 computes (sleeps) for 600 s
   deadlock  rank 0 waits for a message from rank 1, which waits for one from rank 0 (liveness 1 s)
   sendlock  rank 0 sends 1 MiB to rank 1, which waits in a barrier (liveness 1 s)
   busy      rank 0 waits 4 s for rank 1, which computes (sleeps) meanwhile (liveness 1 s)
@@ -41,7 +41,7 @@ def deadline_main(ctx: JobContext) -> int:
     if ctx.rank == 0:
         ctx.transport.recv(1, NEVER)
     else:
-        time.sleep(30)  # never sends; the abort must end this sleep
+        time.sleep(600)  # never sends; the abort must end this sleep
     return 0
 
 
