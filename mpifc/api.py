@@ -284,7 +284,7 @@ def load(path: str | os.PathLike, device: str | None = "auto", clip: bool = Fals
 
 
 def _simulate_em(fc: Any, datas: list[Any], setting: str, iters: int, rows: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, leaves: bool = False) -> None:
     """``--refine em`` in one process: exact EM on the clients' aligned rows (vertical; with
     ``rows``, sampled EM on that many of them, :mod:`mpifc.federated.sampled_em`), or on the
     pooled statistics of their rows (horizontal, hybrid), as the MPI job computes it."""
@@ -295,7 +295,7 @@ def _simulate_em(fc: Any, datas: list[Any], setting: str, iters: int, rows: int 
     if setting == "vertical" and rows:
         from mpifc.federated.sampled_em import run_single_process
 
-        run_single_process(fc, {f: v for cols in shards for f, v in cols.items()}, iters, rows, seed)
+        run_single_process(fc, {f: v for cols in shards for f, v in cols.items()}, iters, rows, seed, leaves=leaves)
         return
     for _ in range(iters):
         if setting == "vertical":
@@ -308,7 +308,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
              clusters: int | None = None, preset: str = "adaptive", products: int = 4, seed: int = 0, hyperparameters: Mapping[str, Any] | None = None,
              client_learners: Mapping[int, str] | None = None, assign: str = "flat", servers: int = 0,
              refine: str | None = None, em_iters: int | None = None, em_rows: int | None = None,
-             model: str | os.PathLike | None = None, device: str | None = "auto",
+             em_leaves: bool = False, model: str | os.PathLike | None = None, device: str | None = "auto",
              overwrite: bool = False) -> FederatedModel:
     """One-pass FedPC training in this process, as ``mpifc train`` does it over MPI.
 
@@ -319,7 +319,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     Args:
         shards: a shard folder written by ``python -m data_prep``.
         learner, glue, clusters, preset, products, seed, hyperparameters, client_learners, assign,
-            servers, refine, em_iters, em_rows: as the flags of ``mpifc train`` (``hyperparameters`` =
+            servers, refine, em_iters, em_rows, em_leaves: as the flags of ``mpifc train`` (``hyperparameters`` =
             ``--hp``, checked; ``glue``, ``clusters``, ``refine`` and ``em_iters`` None: the
             preset's, as when the flags are not given). ``refine="em"`` runs the same exact EM
             in this process (vertical: on the clients' aligned rows; otherwise on pooled
@@ -371,7 +371,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     cfg = {"clusters": clusters, "products": products, "glue": glue if glue or preset == "adaptive" else "random", "seed": seed, "learner": learner,
            "client_learners": learners, "hyperparameters": hp, "assign": assign,
            "refine": refine if refine is not None or preset == "adaptive" else "none", "em_iters": em_iters,
-           "em_rows": em_rows, "defaults": "adaptive" if preset == "adaptive" else "learner"}
+           "em_rows": em_rows, "em_leaves": bool(em_leaves), "defaults": "adaptive" if preset == "adaptive" else "learner"}
     from mpifc.federated.learners import takes_device
     from mpifc.fedpc.train import job_learners
 
@@ -390,7 +390,7 @@ def simulate(shards: str | os.PathLike, *, learner: str = "learnspn", glue: str 
     insert_models(fc, {(r.client, leaf.subspace, leaf.cluster): leaf.model for r in reports for leaf in r.leaves})
     fc.validate(require_models=True)
     if cfg["refine"] == "em":
-        _simulate_em(fc, datas, m.setting, int(cfg["em_iters"]), cfg.get("em_rows"), int(seed))
+        _simulate_em(fc, datas, m.setting, int(cfg["em_iters"]), cfg.get("em_rows"), int(seed), bool(em_leaves))
     record_hyperparameters(fc, plan)
     fc.meta.update(codec=model_codec(m), simulated=True, preset=preset, **{SOURCES: recorded_sources(m)})
     if model is not None:

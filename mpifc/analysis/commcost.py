@@ -110,7 +110,9 @@ def sampled_em_bytes(rows: int, moving_leaves: int, fixed_leaves: int, iteration
 
         rows * (itemsize * (fixed + moving * iterations) + flow_itemsize * moving * (iterations - stopped))
 
-    Independent of the training rows beyond the sample.
+    Independent of the training rows beyond the sample. The default (every PC kept, the server
+    alone moving the sum weights) has no moving PC: ``rows * itemsize * PCs``, whatever the
+    iterations.
     """
     _check(rows=rows, moving_leaves=moving_leaves, fixed_leaves=fixed_leaves, iterations=iterations)
     m_steps = max(iterations - 1 if stopped else iterations, 0)

@@ -70,14 +70,19 @@ def add_fedpc_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refine", default=None, choices=("none", "em"),
                    help="em: exact distributed EM after one-pass training (vertical: per-sample flows, "
                         "--assign flat; horizontal/hybrid: pooled E-step statistics); default: em with "
-                        "10 iterations where the adaptive class glue joins vertical clients (see below), "
+                        "up to 100 iterations where the adaptive class glue joins vertical clients (see below), "
                         "else none")
     p.add_argument("--em-iters", type=int, default=None,
-                   help="EM iterations for --refine em (>= 1; default 5, or 10 under the class glue's EM)")
+                   help="EM iterations for --refine em (>= 1; default 5, or 100 under the class glue's sampled EM, "
+                        "10 with --em-leaves)")
     p.add_argument("--em-rows", type=int, default=None,
-                   help="vertical --refine em on a seeded sample of this many aligned rows (float32 values, float16 "
-                        "flows, the target holders' PCs kept, stopping once the LL settles; 0: exact EM on every "
-                        "row; default: 0, or 2048 under the class glue's EM)")
+                   help="vertical --refine em on a seeded sample of this many aligned rows (float32 values sent "
+                        "once, every PC kept, the sum weights moved on the server, stopping once the LL settles; "
+                        "0: exact EM on every row; default: 0, or 2048 under the class glue's EM)")
+    p.add_argument("--em-leaves", action="store_true",
+                   help="sampled EM (--em-rows) also moves the PCs of the clients without the target: their "
+                        "values every iteration, float16 flows back, the refined PCs at the end (more bytes; "
+                        "exact EM, --em-rows 0, always moves them; default: off)")
     p.add_argument("--em-initial-model", default=None, help="also write the model before EM here")
     add_deadline_argument(p)
     add_liveness_argument(p)
@@ -188,7 +193,7 @@ def train_config(args: argparse.Namespace) -> dict[str, Any]:
             "preset": preset, "defaults": "adaptive" if preset == "adaptive" else "learner",
             "model": str(args.model), "assign": args.assign, "servers": args.servers, "audit": args.audit,
             "audit_findings": args.audit_findings,
-            "refine": refine, "em_iters": args.em_iters, "em_rows": args.em_rows,
+            "refine": refine, "em_iters": args.em_iters, "em_rows": args.em_rows, "em_leaves": bool(args.em_leaves),
             "em_initial_model": args.em_initial_model,
             "exclusive_timing": bool(args.exclusive_timing), "overwrite": bool(getattr(args, "overwrite", False)),
             "warm_up": bool(args.warm_up or args.exclusive_timing)}

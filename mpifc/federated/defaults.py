@@ -62,13 +62,18 @@ cancer, 45-230 rows per client: accuracy 0.88-0.92 on a hard test split, 0.95-0.
 from 1,000 rows per client that choice is sound, and the joint model it picks on Income and
 Give Me Some Credit gives a higher macro F1 than the class split (0.75 against 0.73, 0.68
 against 0.67). On vertical data the
-other clients' subspaces are k-means clustered (K = 4) and joined with every class
-(combinatorial weights), and sampled EM (``--refine em``, at most 10 iterations on
-:data:`CLASS_GLUE_EM_ROWS` seeded aligned rows, float32 per-sample values, float16 flows, the label
-owner's PCs kept; :func:`default_refine`, :mod:`mpifc.federated.sampled_em`) learns how the
-classes and those clusters go together: without it the prediction would use the label owner's
-columns alone. Exact EM over every row sends ``2 * 8 * rows * PCs`` bytes an iteration (13 MB
-for 13,000 rows); the sample keeps the phase under 1 MB whatever the rows.
+other clients' subspaces are k-means clustered (K = 4, one more per 800 rows beyond 3,200, at most
+16: :func:`default_clusters`) and joined with every class
+(combinatorial weights), and sampled EM (``--refine em``, at most :data:`CLASS_GLUE_EM_ITERS`
+iterations on :data:`CLASS_GLUE_EM_ROWS` seeded aligned rows, every PC kept;
+:func:`default_refine`, :mod:`mpifc.federated.sampled_em`) learns how the classes and those
+clusters go together: without it the prediction would use the label owner's columns alone. Each
+client sends the float32 values of its PCs on the sample once (``4 * rows * PCs`` bytes: 57 kB
+for two classes and K = 4 on 2,048 rows, 147 kB for K = 16) and the server runs the iterations alone. Exact EM over
+every row sends ``2 * 8 * rows * PCs`` bytes an iteration (13 MB for ten on 13,000 rows), and
+moving the clusters' PCs too (``--em-leaves``) sends values and flows every iteration and the
+PCs again at the end: on small tables that is several times the rest of the training traffic,
+for no better accuracy on the tables measured (``launch/bench/defaults.py``).
 
 Presets (:data:`PRESETS`): ``adaptive`` (this rule, the default), ``learner`` (every learner's
 own defaults and K = 2: the rule off) and ``paper`` (Table 4 of the paper, resolved by the
@@ -203,17 +208,30 @@ CLASS_GLUE_CLUSTERS = 4
 """K of a single-owner subspace without the target under the ``class`` glue (vertical data): the
 clusters that exact EM ties to the classes."""
 
+CLASS_GLUE_ROWS_PER_CLUSTER = 800
+CLASS_GLUE_MAX_CLUSTERS = 16
+"""The class glue's K grows with the clustered client's rows: ``n_rows // CLASS_GLUE_ROWS_PER_CLUSTER``
+between :data:`CLASS_GLUE_CLUSTERS` and this (16 from 12,800 rows). Each cluster costs the
+default sampled EM ``4 * CLASS_GLUE_EM_ROWS`` bytes (8 kB) and its PC; more clusters let the other
+client's columns say more about the class."""
+
 CLASS_GLUE_MAX_PRODUCTS = 256
 """The class glue's default K keeps ``classes x K^m`` (m: the clustered subspaces) products at
-most this many: K = 4 for up to 3 clients with two classes, fewer for more clients."""
+most this many: with two classes, K up to 16 for 2 clients, 11 for 3, fewer for more."""
 
-CLASS_GLUE_EM_ITERS = 10
-"""EM iterations the ``class`` glue runs by default on vertical data (``--em-iters`` wins)."""
+CLASS_GLUE_EM_ITERS = 100
+"""EM iterations the ``class`` glue runs by default on vertical data (``--em-iters`` wins): on the
+server alone, over values each client sent once, so they cost no bytes; they stop earlier once
+the likelihood settles (:data:`mpifc.federated.sampled_em.STOP_TOL`)."""
+
+LEAF_EM_ITERS = 10
+"""EM iterations of sampled EM that moves the clusters' PCs too (``--em-leaves``; every iteration
+sends values and flows), when ``--em-iters`` is not given."""
 
 
 CLASS_GLUE_EM_ROWS = 2048
 """Aligned rows the class glue's default EM runs on (:mod:`mpifc.federated.sampled_em`: a seeded
-sample, float32 values and float16 flows; ``--em-rows`` wins, 0 for exact EM on every row)."""
+sample, float32 values; ``--em-rows`` wins, 0 for exact EM on every row)."""
 
 
 HORIZONTAL_CLASS_GLUE_ROWS = 1000
@@ -248,7 +266,8 @@ def default_glue(setting: str, target_holders: int, n_clients: int, min_rows: in
 def default_refine(setting: str, glue: str, target_holders: int, n_clients: int, learners: Sequence[str],
                    assign: str) -> tuple[str, int]:
     """``(refine, em_iters)`` when ``--refine`` is not given: EM (at most :data:`CLASS_GLUE_EM_ITERS`
-    iterations, sampled on :data:`CLASS_GLUE_EM_ROWS` rows: the job's resolution sets ``em_rows``)
+    iterations, sampled on :data:`CLASS_GLUE_EM_ROWS` rows: the job's resolution sets ``em_rows``,
+    and :data:`LEAF_EM_ITERS` iterations under ``--em-leaves``)
     where the ``class`` glue joins the label owner's classes with other clients'
     clusters on aligned rows (vertical data, LearnSPN, flat ψ), else none. Without it those
     clusters' weights are independent of the class, and the prediction uses the owner's
@@ -260,7 +279,7 @@ def default_refine(setting: str, glue: str, target_holders: int, n_clients: int,
 
 
 def default_clusters(n_clients: int, n_subspaces: int, holds_target: bool, glue: str = "random",
-                     n_clustered: int = 1, n_classes: int = 2) -> int:
+                     n_clustered: int = 1, n_classes: int = 2, n_rows: int = 0) -> int:
     """K of one single-owner subspace when ``--clusters`` is not given (module doc).
 
     Args:
@@ -268,16 +287,18 @@ def default_clusters(n_clients: int, n_subspaces: int, holds_target: bool, glue:
         n_subspaces: subspaces of the federation (shared and single-owner).
         holds_target: whether the subspace holds the classification target.
         glue: the plan's glue (``class``: :data:`CLASS_GLUE_CLUSTERS` for a subspace without the
-            target, fewer where ``n_classes x K^n_clustered`` would pass
+            target, one more per :data:`CLASS_GLUE_ROWS_PER_CLUSTER` rows beyond, up to
+            :data:`CLASS_GLUE_MAX_CLUSTERS`; fewer where ``n_classes x K^n_clustered`` would pass
             :data:`CLASS_GLUE_MAX_PRODUCTS`).
         n_clustered: subspaces the class glue clusters by k-means.
         n_classes: the target's classes.
+        n_rows: the subspace owner's training rows.
     """
     if holds_target or (n_clients == 1 and n_subspaces == 1):
         return 1
     if glue != "class":
         return 2
-    k = CLASS_GLUE_CLUSTERS
+    k = int(min(max(CLASS_GLUE_CLUSTERS, int(n_rows) // CLASS_GLUE_ROWS_PER_CLUSTER), CLASS_GLUE_MAX_CLUSTERS))
     while k > 1 and max(int(n_classes), 1) * k ** max(int(n_clustered), 1) > CLASS_GLUE_MAX_PRODUCTS:
         k -= 1
     return k
@@ -296,7 +317,8 @@ RULE_HELP = (
     "'class' on vertical data with a target, on hybrid data whose every client holds it and on "
     "horizontal data whose smallest client has fewer than 1,000 rows "
     "(the target's holders split their rows by class; on vertical data the other clients' subspaces "
-    "get K = 4 and --refine em runs up to 10 iterations of sampled EM on 2,048 rows, --em-rows), "
+    "get K = n/800 between 4 and 16 and --refine em runs up to 100 iterations of sampled EM on the server over the "
+    "values of every PC on 2,048 rows, sent once, --em-rows), "
     "else 'random'. Explicit flags and --hp keys "
     "always win; the values used are in the "
     "model's meta (hyperparameters). --preset learner: the learners' own defaults (LearnSPN "

@@ -709,7 +709,8 @@ class OnePassBuilder:
                     tasks.append(LeafTask(c, s.index, s.features, n_classes, seed, learner, by_class=True))
                     continue
                 k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target, glue, n_clustered,
-                                                         n_classes if glue == "class" else 2)
+                                                         n_classes if glue == "class" else 2,
+                                                         int(by_index[c].n_rows))
                 if dp and k:
                     k = 1  # differential privacy: no k-means (a row's cluster depends on the others)
                 tasks.append(LeafTask(c, s.index, s.features, k, seed, learner))
@@ -754,7 +755,7 @@ class OnePassBuilder:
         return k
 
     def clusters_of(self, subspace: Subspace, n_clients: int, n_subspaces: int, target: str | None,
-                    glue: str = "random", n_clustered: int = 1, n_classes: int = 2) -> int:
+                    glue: str = "random", n_clustered: int = 1, n_classes: int = 2, n_rows: int = 0) -> int:
         """K of a single-owner subspace: ``n_clusters`` when set, else the defaults' rule."""
         if self.n_clusters is not None:
             return self.n_clusters
@@ -763,7 +764,7 @@ class OnePassBuilder:
         from mpifc.federated.defaults import default_clusters
 
         return default_clusters(n_clients, n_subspaces, target is not None and target in subspace.features, glue,
-                                n_clustered, n_classes)
+                                n_clustered, n_classes, n_rows)
 
     def plan_clusters(self, k_max: int) -> int:
         """The plan's ``n_clusters``: the user's K, else the largest K of any task (at least 1)."""

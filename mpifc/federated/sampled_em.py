@@ -1,14 +1,15 @@
 """Sampled EM on vertical data: the class glue's tie between classes and clusters, learned on a
-seeded sample of the aligned rows, with values sent as float32 and flows as float16.
+seeded sample of the aligned rows, with values sent as float32 (and, when the PCs move, flows as
+float16).
 
 Exact vertical EM (:func:`mpifc.federated.em.em_step`, ``--refine em``) sends, every iteration,
 one float64 log-value per training row for every leaf up to the server and one flow per row back
 down: ``2 · 8 · n · leaves`` bytes an iteration, 13 MB for ten iterations on 13,000 rows. What
 the class glue needs from EM is far less: the weights of the root's products (which of another
-client's clusters go with which class) and the clusters' PCs drawn towards them. Both are sums
-over rows, which a sample of a few thousand rows estimates well. Sampled EM therefore differs
-from exact EM in four ways, all fixed by the plan, so every rank and :func:`mpifc.simulate`
-compute the same thing without a message about it:
+client's clusters go with which class). Those are sums over rows, which a sample of a few
+thousand rows estimates well. Sampled EM therefore differs from exact EM in four ways, all fixed
+by the plan and the job's settings, so every rank and :func:`mpifc.simulate` compute the same
+thing without a message about it:
 
 * **rows**: a seeded sample of ``rows`` of the aligned training rows (:func:`sample_rows`; the
   same positions on every client, since vertical clients hold the same ids in the same order);
@@ -16,19 +17,24 @@ compute the same thing without a message about it:
 * **fewer bits**: values travel as float32 and flows (shares in ``[0, 1]``) as float16
   (:func:`on_the_wire`); each side computes in float64 from what it received, as the
   single-process run does from the same rounded numbers;
-* **fixed leaves of the target's holders**: a client that holds the target keeps its PCs (its
-  class PCs' flows would be the class indicator it already knows, and its rows are split by
-  class already), so it sends its values once, in the first iteration, and no flow comes back;
+* **fixed leaves**: by default every client keeps its PCs (``leaves=False``): each sends the
+  values of its PCs on the sample rows once, and the server runs every iteration on them alone,
+  moving the sum weights (how the classes and the other clients' clusters go together). No flow
+  travels and no PC is sent again, so the phase costs ``4 · rows · PCs`` bytes whatever the
+  iterations. With ``leaves=True`` (``--em-leaves``) the PCs of the clients without the target
+  move too: they send their values every iteration and get their flows back for an M-step on
+  their sample rows, then send the refined PCs (the target's holders keep theirs: their class
+  PCs' flows would be the class indicator they already know);
 * **stopping**: the iterations end early when the mean log-likelihood of the sample rises by less
   than :data:`STOP_TOL` nats per row (:func:`should_stop`).
 
 Each iteration: the clients whose leaves move send the float32 values of those leaves on the
-sample rows; the server combines them with the fixed values into every inner node, records the
-sample's mean log-likelihood, decides whether to go on, and if so updates the sum weights and
-sends each moving client the float32 flows of its leaves, which it uses for its leaves' M-step on
-its own sample rows (:func:`mpifc.federated.em.update_leaf`). What crosses ranks: per-sample
-likelihood values (``fc.query.values``) and flows (``fc.em.flows``) of the sampled rows only,
-never a row, a label or a raw value.
+sample rows (every client in the first); the server combines them with the fixed values into
+every inner node, records the sample's mean log-likelihood, decides whether to go on, and if so
+updates the sum weights and sends each moving client the float16 flows of its leaves, which it
+uses for its leaves' M-step on its own sample rows (:func:`mpifc.federated.em.update_leaf`). What
+crosses ranks: per-sample likelihood values (``fc.query.values``) and, with moving leaves, flows
+(``fc.em.flows``) of the sampled rows only, never a row, a label or a raw value.
 """
 from __future__ import annotations
 
@@ -80,10 +86,10 @@ def from_the_wire(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
-def fixed_clients(fc: FederatedCircuit) -> set[int]:
-    """Client indices whose leaves sampled EM keeps: the target's holders (all clients when
-    the circuit has no target)."""
-    if fc.target is None:
+def fixed_clients(fc: FederatedCircuit, leaves: bool = True) -> set[int]:
+    """Client indices whose leaves sampled EM keeps: every client unless ``leaves`` (the PCs
+    move); then the target's holders (all clients when the circuit has no target)."""
+    if fc.target is None or not leaves:
         return set(fc.clients)
     return {c for c, info in fc.clients.items() if fc.target in info.features}
 
@@ -151,22 +157,24 @@ def should_stop(trace: list[float], tol: float | None) -> bool:
 
 
 def run_single_process(fc: FederatedCircuit, cols: Columns, iters: int, rows: int | None, seed: int,
-                       tol: float | None = STOP_TOL, progress: Callable[[int, float], None] | None = None) -> list[float]:
+                       tol: float | None = STOP_TOL, progress: Callable[[int, float], None] | None = None,
+                       leaves: bool = False) -> list[float]:
     """Sampled EM in one process, the arithmetic of the MPI job's (module doc) on ``cols``
     (every client's training columns, aligned rows): the same sample, the same float32 values
-    and flows, the same stopping; returns the sample's mean log-likelihood before each M-step."""
+    and flows, the same stopping; ``leaves``: the PCs of the clients without the target move
+    too. Returns the sample's mean log-likelihood before each M-step."""
     from mpifc.federated.em import update_sums
 
     n = len(next(iter(cols.values())))
     sample = take_rows(cols, sample_rows(n, rows, seed))
     m = len(next(iter(sample.values())))
-    fixed = fixed_clients(fc)
-    leaves = {c: client_leaves(fc, c) for c in sorted(fc.clients)}
-    pcs = {c: [(fc.nodes[nid].leaf.model, fc.nodes[nid].leaf.features) for nid in ids] for c, ids in leaves.items()}
+    fixed = fixed_clients(fc, leaves)
+    leaf_ids = {c: client_leaves(fc, c) for c in sorted(fc.clients)}
+    pcs = {c: [(fc.nodes[nid].leaf.model, fc.nodes[nid].leaf.features) for nid in ids] for c, ids in leaf_ids.items()}
     vals: dict[int, np.ndarray] = {}
     trace: list[float] = []
     for it in range(int(iters)):
-        for c, ids in leaves.items():
+        for c, ids in leaf_ids.items():
             if it == 0 or c not in fixed:
                 vals.update(split_bundle(leaf_bundle(pcs[c], sample), ids, m))
         ll, flows, stats = server_pass(fc, vals)
@@ -176,7 +184,7 @@ def run_single_process(fc: FederatedCircuit, cols: Columns, iters: int, rows: in
         if should_stop(trace, tol):
             break
         update_sums(fc, stats)
-        for c, ids in leaves.items():
+        for c, ids in leaf_ids.items():
             if c in fixed or not ids:
                 continue
             got = split_bundle(on_the_wire(np.concatenate([flows.get(nid, np.zeros(m)) for nid in ids]), FLOW_DTYPE),

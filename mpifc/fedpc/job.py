@@ -79,7 +79,7 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
     adaptive rule (:func:`mpifc.federated.defaults.default_glue`, :func:`~mpifc.federated.
     defaults.default_refine`) from the manifest's setting and which clients hold the target.
     Every rank reads the same manifest, so every rank resolves the same values."""
-    from mpifc.federated.defaults import CLASS_GLUE_EM_ROWS, default_glue, default_refine
+    from mpifc.federated.defaults import CLASS_GLUE_EM_ROWS, LEAF_EM_ITERS, default_glue, default_refine
 
     n = int(manifest.n_clients)
     target = manifest.target
@@ -95,7 +95,7 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
             refine, iters = "none", 0  # EM re-fits on the rows, outside the noise (mpifc.federated.dp)
         cfg["refine"] = refine
         if cfg.get("em_iters") is None and refine == "em":
-            cfg["em_iters"] = iters
+            cfg["em_iters"] = LEAF_EM_ITERS if cfg.get("em_leaves") else iters
         if cfg.get("em_rows") is None and refine == "em":
             cfg["em_rows"] = CLASS_GLUE_EM_ROWS
     if cfg.get("em_iters") is None:

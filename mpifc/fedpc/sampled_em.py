@@ -4,16 +4,18 @@
 Per iteration (ledger phase ``em``):
 
 1. ``fc.query.values`` (client -> server, float32 ``(rows x leaves,)``): the log-values of the
-   client's PCs on the sampled rows, PC after PC in the order of its counts. Clients that hold the
-   target send theirs in the first iteration only (their PCs stay as learned).
-2. The server combines them into every inner node, records the sample's mean log-likelihood and
-   decides whether to go on (:func:`~mpifc.federated.sampled_em.should_stop`).
-3. ``fc.em.flows`` (server -> each client without the target, float16 ``(rows x leaves,)``): the
-   flows of its PCs, for their M-step on its sampled rows. An empty bundle says the iterations
-   ended early (no M-step).
+   client's PCs on the sampled rows, PC after PC in the order of its counts. A client whose PCs
+   stay as learned (every client by default; with ``--em-leaves``, those that hold the target)
+   sends its values in the first iteration only.
+2. The server combines them into every inner node, records the sample's mean log-likelihood,
+   decides whether to go on (:func:`~mpifc.federated.sampled_em.should_stop`) and updates the
+   sum weights.
+3. With ``--em-leaves`` only: ``fc.em.flows`` (server -> each client without the target, float16
+   ``(rows x leaves,)``): the flows of its PCs, for their M-step on its sampled rows. An empty
+   bundle says the iterations ended early (no M-step). After the last iteration each such client
+   sends its refined PCs (``fc.train.model``).
 
-After the last iteration each client without the target sends its refined PCs
-(``fc.train.model``). The sample is drawn from the job's seed by every rank alike, so no row
+By default, then, the phase is one message per client; the iterations run on the server alone. The sample is drawn from the job's seed by every rank alike, so no row
 position travels. No structure is sent either: a client's values and flows follow the order of
 the PCs it reported.
 """
@@ -59,7 +61,7 @@ def server_sampled_em(ctx: Any, cfg: dict[str, Any], fc: FederatedCircuit, ranks
     t = ctx.transport
     idx = sample_rows(n, cfg.get("em_rows"), int(cfg["seed"]))
     m = n if idx is None else len(idx)
-    fixed = fixed_clients(fc)
+    fixed = fixed_clients(fc, bool(cfg.get("em_leaves")))
     ids = {r.client: _leaf_ids(fc, r) for r in reports}
     moving = [c for c in sorted(ids) if c not in fixed and ids[c]]
     iters = int(cfg["em_iters"])
@@ -103,8 +105,9 @@ def server_sampled_em(ctx: Any, cfg: dict[str, Any], fc: FederatedCircuit, ranks
 
 def client_sampled_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, report: ClientReport,
                       holds_target: bool) -> None:
-    """Client side: values of its PCs on the sampled rows; unless it holds the target, the
-    M-step of its PCs from the flows the server sends, and the refined PCs at the end."""
+    """Client side: values of its PCs on the sampled rows; with ``--em-leaves`` and unless it
+    holds the target, the M-step of its PCs from the flows the server sends, and the refined
+    PCs at the end."""
     t = ctx.transport
     x = data.shard.x_train
     idx = sample_rows(x.shape[0], cfg.get("em_rows"), int(cfg["seed"]))
@@ -114,7 +117,7 @@ def client_sampled_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, repo
     if not pcs:
         return
     t.send(leaf_bundle(pcs, cols), 0, P.VALUES)
-    if holds_target:
+    if holds_target or not cfg.get("em_leaves"):
         return
     keys = list(range(len(pcs)))
     for it in range(int(cfg["em_iters"])):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpifc.errors import UserError
-from mpifc.federated.defaults import CLASS_GLUE_EM_ROWS, default_clusters, default_glue, default_refine
+from mpifc.federated.defaults import CLASS_GLUE_EM_ITERS, CLASS_GLUE_EM_ROWS, default_clusters, default_glue, default_refine
 from mpifc.federated.em import em_step
 from mpifc.federated.evaluate import log_likelihood, predict
 from mpifc.federated.one_pass import OnePassBuilder, build_single_process
@@ -81,7 +81,7 @@ def test_defaults_choose_the_class_glue_for_classification():
     assert default_glue("horizontal", 3, 3, 1000) == "random"
     assert default_glue("hybrid", 1, 2) == "random"  # a label owner on hybrid data
     assert default_glue("central", 1, 1) == "random" and default_glue("horizontal", 0, 3) == "random"
-    assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "flat") == ("em", 10)
+    assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "flat") == ("em", CLASS_GLUE_EM_ITERS)
     assert default_refine("vertical", "class", 1, 2, ["learnspn", "ratspn"], "flat")[0] == "none"
     assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "tree")[0] == "none"
     assert default_refine("hybrid", "class", 2, 2, ["learnspn"] * 2, "flat")[0] == "none"
@@ -103,9 +103,9 @@ def test_class_glue_needs_a_classification_target():
 @pytest.mark.mpi
 def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
     # mpifc train's defaults on vertical data with a label: the class glue, K = 4 clusters for the
-    # other client and at most 10 iterations of sampled EM (float32 values, float16 flows, the label
-    # owner's PCs kept); mpifc.simulate runs the same EM in one process, so both give the same
-    # model, and the EM phase sends exactly what its closed form says
+    # other client and sampled EM on the server (every PC kept: each client's float32 values on
+    # the sample, sent once, and no flow); mpifc.simulate runs the same EM in one process, so both
+    # give the same model, and the EM phase sends exactly what its closed form says
     import mpifc
     from data_prep.shards import read_test
     from mpifc.cli.prep import run as prep_run
@@ -128,8 +128,8 @@ def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
         assert summary["raw_rows"] == summary["raw_columns"] == 0 and not summary["shape_violations"]
     summary = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
     trace = summary["em_train_ll"]
-    assert summary["glue"] == "class" and 2 <= len(trace) <= 10
-    assert len(trace) == 10 or should_stop(trace, STOP_TOL)
+    assert summary["glue"] == "class" and 2 <= len(trace) <= CLASS_GLUE_EM_ITERS
+    assert len(trace) == CLASS_GLUE_EM_ITERS or should_stop(trace, STOP_TOL)
     # the EM phase's per-sample payload: the closed form for this run's rows, PCs and iterations
     from mpifc.analysis.commcost import sampled_em_bytes
 
@@ -137,10 +137,9 @@ def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
     with open(ledger, newline="") as f:
         rows = [x for x in csv.DictReader(f) if x["phase"] == "em" and x["kind"] in ("fc.query.values", "fc.em.flows")]
     fc = load_fc(model, load_models=False)
-    holder = {n_.leaf.client for n_ in fc.leaves if "diagnosis" in n_.leaf.features}
-    fixed = sum(1 for n_ in fc.leaves if n_.leaf.client in holder)
+    assert not [x for x in rows if x["kind"] == "fc.em.flows"]
     assert sum(int(x["payload_bytes"]) for x in rows) == sampled_em_bytes(
-        min(n, CLASS_GLUE_EM_ROWS), len(fc.leaves) - fixed, fixed, len(trace), should_stop(trace, STOP_TOL))
+        min(n, CLASS_GLUE_EM_ROWS), 0, len(fc.leaves), len(trace), should_stop(trace, STOP_TOL))
     mpi = mpifc.load(model)
     sim = mpifc.simulate(shards, seed=1)
     test = read_test(shards)

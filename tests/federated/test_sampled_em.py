@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 
 from mpifc.federated.evaluate import log_likelihood, predict, upward
 from mpifc.federated.one_pass import OnePassBuilder, build_single_process
@@ -41,24 +42,30 @@ def test_the_sample_is_seeded_sorted_and_never_larger_than_the_rows():
     assert sample_rows(100, 0, 0) is None and sample_rows(100, None, 0) is None
 
 
-def test_sampled_em_ties_clusters_to_classes_and_keeps_the_holders_pcs():
+@pytest.mark.parametrize("leaves", [False, True])
+def test_sampled_em_ties_clusters_to_classes_and_keeps_the_holders_pcs(leaves):
     # y = a XOR c (85 %): a and c live on different clients, y on a third; only EM's tie of
-    # the clusters of (a, b) and (c, d) to the classes lets the model predict y
+    # the clusters of (a, b) and (c, d) to the classes lets the model predict y. By default
+    # (leaves=False) only the sum weights move and every PC stays as learned; with leaves=True
+    # the PCs of the clients without the target move too
     fc, cols = _vertical()
     holders = fixed_clients(fc)
-    assert holders == {2}
-    before = {n.id: model_to_bytes(n.leaf.model).tobytes() for n in fc.leaves if n.leaf.client in holders}
+    assert holders == {2} and fixed_clients(fc, leaves=False) == {0, 1, 2}
+    before = {n.id: model_to_bytes(n.leaf.model).tobytes() for n in fc.leaves}
     test = binary_table(2000, seed=7)
     tcols = {f: test[:, j] for j, f in enumerate(FEATURES)}
     acc0 = float(np.mean(predict(fc, tcols) == test[:, 4]))
-    trace = run_single_process(fc, cols, iters=15, rows=600, seed=0)
+    trace = run_single_process(fc, cols, iters=15, rows=600, seed=0, leaves=leaves)
     acc1 = float(np.mean(predict(fc, tcols) == test[:, 4]))
     assert acc0 < 0.6 < 0.8 < acc1, (acc0, acc1)
     # it rose, and stopped once it no longer did (the leaves' M-step keeps variance floors and
     # smoothing, so a step may lose a little)
     assert trace[-1] > trace[0] + 0.1 and np.all(np.diff(trace)[:-1] >= STOP_TOL), trace
-    # the target holder's PCs are as learned; the others moved
-    assert before == {n.id: model_to_bytes(n.leaf.model).tobytes() for n in fc.leaves if n.id in before}
+    # the target holder's PCs are as learned; the others moved only with leaves=True
+    after = {n.id: model_to_bytes(n.leaf.model).tobytes() for n in fc.leaves}
+    moved = {nid for nid in before if before[nid] != after[nid]}
+    owner = {n.id: n.leaf.client for n in fc.leaves}
+    assert {owner[nid] for nid in moved} == ({0, 1} if leaves else set())
     # still a distribution
     assert abs(np.exp(log_likelihood(fc, all_binary(len(FEATURES)))).sum() - 1) < 1e-9
 
