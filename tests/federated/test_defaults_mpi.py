@@ -55,7 +55,7 @@ def test_default_flags_classify_breast_cancer(tmp_path, setting, clients):
     assert sorted(map(int, used)) == list(range(clients)) and fc.meta["defaults"] == "adaptive"
     # the class glue: the label's holders split their rows by class (a PC per class, cluster id
     # = class code, nothing to split inside); on vertical data the others' rows are in K = 4
-    # k-means clusters, tied to the classes by exact EM
+    # k-means clusters (455 rows: the fewest), tied to the classes by sampled EM on the server
     assert fc.meta["glue"] == "class"
     assert fc.meta["privacy"] == {"k": 5, "audit": "every message", "findings": "fail"}
     for client, rows in used.items():
