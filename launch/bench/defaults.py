@@ -279,8 +279,6 @@ def main() -> None:
     p.add_argument("--out", default=None, help="folder for shards and models (default: a temporary one)")
     p.add_argument("--json", default=None, help="also write every measurement here")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds any one command may take")
-    p.add_argument("--sides", default="old,new",
-                   help="which sides to run: old, new or both (default old,new; goals need both)")
     a = p.parse_args()
     seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
     groups = [g.strip() for g in a.groups.split(",") if g.strip()]
