@@ -192,6 +192,8 @@ def predict_rate(model: Path, shards: Path, data: Path, target: str, rows: int =
     import numpy as np
     from sklearn.ensemble import HistGradientBoostingClassifier
 
+    here = Path(__file__).resolve().parent  # launch/bench holds a data_prep.py: the package first
+    sys.path[:] = [str(REPO)] + [q for q in sys.path if Path(q or ".").resolve() != here]
     import mpifc
 
     fc = mpifc.load(model)
