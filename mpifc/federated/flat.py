@@ -73,6 +73,13 @@ _REGISTERED = frozenset(LEAF_TYPES.values())
 MIN_CHUNK_ROWS = 256
 MAX_CHUNK_ROWS = 2048
 
+SEPARABLE_CLASSES = 16
+"""From this many classes on, a class query is evaluated as :class:`_Terms` where the circuit
+allows it (the cost of unrolling grows with classes times the nodes over the target)."""
+
+MAX_TERMS = 1 << 16
+"""Most terms of :class:`_Terms`; a circuit with more is unrolled per class."""
+
 
 # ------------------------------------------------------------------------ the circuit as a program
 @dataclass
@@ -246,7 +253,11 @@ class FlatCircuit:
             if self.n_classes < 2:
                 raise UserError(f"target {target!r} is not discrete (n_categories={self.n_classes}); "
                                 f"conditionals need classes")
-        nodes, roots, models = _unroll(fc, col_of, target, self.n_classes)
+        nodes, roots, models, self._terms = _unroll(fc, col_of, target, self.n_classes,
+                                                    separable=self.n_classes >= SEPARABLE_CLASSES)
+        if self._terms is not None and not roots:  # every term a constant: one root of log 1
+            nodes.append(0.0)
+            roots = [len(nodes) - 1]
         self.codings = _codings(nodes, {col_of[f]: int(k) for f, k in fc.n_categories.items()
                                         if f in col_of and k and fc.meta_types.get(f) != "real"})
         self._parts = (nodes, roots, models, _leaf_tables(nodes, self.codings))
@@ -268,7 +279,7 @@ class FlatCircuit:
             raise UserError(f"input has shape {x.shape}, expected (batch, {len(self.features)}) over "
                             f"{list(self.features)}")
         B = x.shape[0]
-        out = np.empty((B, len(self._linear.roots)))
+        out = np.empty((B, self.n_classes if self._terms is not None else len(self._linear.roots)))
         step = self._linear.chunk_rows()
         V = np.empty((self._linear.n_nodes, min(step, max(B, 1))))
         W = None
@@ -277,10 +288,11 @@ class FlatCircuit:
             xt = np.ascontiguousarray(x[lo:lo + step].T)
             b = xt.shape[1]
             codes = {c.col: c.codes(xt[c.col]) for c in self.codings.values()}
+            vals = np.empty((b, len(self._linear.roots)))
             if linear:
                 root, ok = _linear_pass(self._linear, xt, codes, V[:, :b])
                 with np.errstate(divide="ignore"):
-                    out[lo:lo + b] = np.log(root).T
+                    vals[:] = np.log(root).T
                 bad = np.flatnonzero(~ok)
                 linear = len(bad) <= b // 2  # mostly underflowing rows: log space from here on
             else:
@@ -290,15 +302,117 @@ class FlatCircuit:
                     W = np.empty((self._log.n_nodes, step))
                 sub = np.ascontiguousarray(xt[:, bad])
                 sub_codes = {c: (code[bad], ok[bad]) for c, (code, ok) in codes.items()}
-                out[lo + bad] = _log_pass(self._log, sub, sub_codes, W[:, :len(bad)]).T
+                vals[bad] = _log_pass(self._log, sub, sub_codes, W[:, :len(bad)]).T
+            out[lo:lo + b] = vals if self._terms is None else self._terms.joint(vals)
+        return out
+
+
+@dataclass
+class _Terms:
+    """A class query's root as a sum of terms, each a function of the row times one of the
+    class: ``log p(target = c, x) = logsumexp_i (a_i(x) + t_i(c))``, with ``a_i`` the constant
+    ``const[i]`` plus the log-values of the program roots ``idx[i]`` (index ``n_roots``: none)
+    and ``t_i(c)`` = ``logt[i, c]``. A circuit whose target sits in one child of every product
+    and in every child of every sum over it has this form: each term is one path from the root
+    to a leaf of the target, ``a_i`` the weights on it and the other children of its products,
+    ``t_i`` that leaf's log-probability of each class. So one upward pass over the nodes without
+    the target and one matrix product give every class at once (the class glue: one term per
+    class PC), where unrolling per class costs classes times the nodes over the target.
+
+    The matrix product runs in linear space, each row shifted by its largest ``a_i`` and each
+    class by its largest ``t_i``; an entry below :attr:`floor` (where terms lost to underflow
+    could matter: each loses at most ``2**-1074``) is computed again in log space over the terms
+    whose ``t_i(c)`` is not ``-inf``, so every entry equals the per-class unrolling up to
+    floating-point rounding."""
+
+    const: np.ndarray
+    idx: np.ndarray
+    logt: np.ndarray
+    n_roots: int
+    scale: np.ndarray = field(init=False)
+    shift: np.ndarray = field(init=False)
+    ptr: np.ndarray = field(init=False)
+    ind: np.ndarray = field(init=False)
+    floor: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        top = self.logt.max(axis=0)
+        self.shift = np.where(np.isfinite(top), top, 0.0)
+        with np.errstate(under="ignore"):
+            self.scale = np.exp(self.logt - self.shift)
+        self.floor = len(self.const) * 2.0 ** -960
+        live = self.logt.T > -np.inf  # per class, its terms
+        self.ptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))])
+        self.ind = np.nonzero(live)[1]
+
+    @classmethod
+    def of(cls, found: list[tuple[float, list[int], np.ndarray]], nodes: list[Any],
+           n_classes: int) -> tuple[list[int], _Terms]:
+        """The program roots (the terms' non-constant factors, distinct) and the terms."""
+        roots: dict[int, int] = {}
+        const, rows = [], []
+        for k, factors, _ in found:
+            k += sum(nodes[f] for f in factors if isinstance(nodes[f], float))
+            rows.append([roots.setdefault(f, len(roots)) for f in factors if not isinstance(nodes[f], float)])
+            const.append(k)
+        width = max([len(r) for r in rows] + [1])
+        idx = np.full((len(rows), width), len(roots), dtype=np.intp)
+        for i, r in enumerate(rows):
+            idx[i, :len(r)] = r
+        logt = np.stack([t for _, _, t in found]).reshape(len(found), n_classes)
+        return list(roots), cls(np.asarray(const, dtype=np.float64), idx, logt, len(roots))
+
+    def joint(self, values: np.ndarray) -> np.ndarray:
+        """``(b, n_classes)`` log-joints from the roots' log-values ``values`` ``(b, n_roots)``."""
+        b = values.shape[0]
+        out = np.empty((b, self.logt.shape[1]))
+        step = max(1, CHUNK_ELEMS // max(1, self.idx.size))
+        for lo in range(0, b, step):
+            v = values[lo:lo + step]
+            a = np.concatenate([v, np.zeros((len(v), 1))], axis=1)[:, self.idx].sum(axis=2) + self.const
+            top = a.max(axis=1, keepdims=True)
+            top[~np.isfinite(top)] = 0.0
+            with np.errstate(under="ignore", divide="ignore", invalid="ignore"):
+                lin = np.exp(a - top) @ self.scale
+                part = np.log(lin) + top + self.shift
+            r, c = np.nonzero(~(lin >= self.floor))
+            if len(r):
+                part[r, c] = self._exact(a, r, c)
+            out[lo:lo + len(v)] = part
+        return out
+
+    def _exact(self, a: np.ndarray, r: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Entries ``(r, c)`` in log space: ``logsumexp`` over class ``c``'s terms."""
+        out = np.full(len(r), -np.inf)
+        lens = self.ptr[c + 1] - self.ptr[c]
+        step = max(1, CHUNK_ELEMS // max(1, int(lens.max(initial=1))))
+        for lo in range(0, len(r), step):
+            rr, cc, ll = r[lo:lo + step], c[lo:lo + step], lens[lo:lo + step]
+            has = ll > 0
+            if not has.any():
+                continue
+            seg = np.repeat(np.arange(len(rr)), ll)
+            first = np.cumsum(ll) - ll
+            ti = self.ind[np.repeat(self.ptr[cc], ll) + np.arange(int(ll.sum())) - np.repeat(first, ll)]
+            v = a[rr[seg], ti] + self.logt[ti, cc[seg]]
+            top = np.maximum.reduceat(v, first[has])
+            top[~np.isfinite(top)] = 0.0
+            with np.errstate(under="ignore", divide="ignore"):
+                total = np.add.reduceat(np.exp(v - np.repeat(top, ll[has])), first[has])
+                out[lo + np.flatnonzero(has)] = np.log(total) + top
         return out
 
 
 # ------------------------------------------------------------------------------------ building
 def _unroll(fc: FederatedCircuit, col_of: dict[str, int], target: str | None,
-            n_classes: int) -> tuple[list[Any], list[int], list[_Model]]:
+            n_classes: int, separable: bool = False) -> tuple[list[Any], list[int], list[_Model], _Terms | None]:
     """The program's nodes (children first), the root of each class and the client models that
-    are not circuits. Constant children of a product are folded into its ``const``."""
+    are not circuits. Constant children of a product are folded into its ``const``.
+
+    ``separable``: instead of a root per class, the root as :class:`_Terms` over the program's
+    roots (its factors), or ``None`` for the terms when the circuit is not of that form (a client
+    model holding the target that is not a circuit, a product with the target in two children,
+    more than :data:`MAX_TERMS` terms)."""
     tcol = -1 if target is None else col_of[target]
     classes: list[int | None] = list(range(n_classes)) if target is not None else [None]
     nodes: list[Any] = []
@@ -384,8 +498,59 @@ def _unroll(fc: FederatedCircuit, col_of: dict[str, int], target: str | None,
         memo[key] = out
         return out
 
+    def graph_terms(fid: int, g: Any, cols: dict[int, int]) -> list[tuple[float, list[int], np.ndarray]] | None:
+        if isinstance(g, LeafNode):  # the target's own leaf: its log-probability of every class
+            cls = type(g.dist)
+            at = np.arange(n_classes, dtype=np.float64)[:, None]
+            return [(0.0, [], np.asarray(cls.np_log_prob(cls.stack_numpy([g.dist]), at), dtype=np.float64)[:, 0])]
+        holds = [ch for ch in g.children if any(cols[v] == tcol for v in ch.scope)]
+        if isinstance(g, ProductNode):
+            if len(holds) != 1:
+                return None
+            rest = [graph_node(fid, ch, cols, None) for ch in g.children if ch is not holds[0]]
+            inner = graph_terms(fid, holds[0], cols)
+            return None if inner is None else [(k, f + rest, t) for k, f, t in inner]
+        if isinstance(g, SumNode) and len(holds) == len(g.children):
+            with np.errstate(divide="ignore"):  # as the client PC's own evaluator
+                logw = np.maximum(np.log(np.asarray(g.weights, dtype=np.float64)), LOG_ZERO)
+            return mix([graph_terms(fid, ch, cols) for ch in g.children], logw)
+        return None
+
+    def mix(parts: list[Any], logw: np.ndarray) -> list[tuple[float, list[int], np.ndarray]] | None:
+        if any(p is None for p in parts) or sum(len(p) for p in parts) > MAX_TERMS:
+            return None
+        return [(k + float(w), f, t) for p, w in zip(parts, logw) if w > -np.inf for k, f, t in p]
+
+    def fc_terms(nid: int) -> list[tuple[float, list[int], np.ndarray]] | None:
+        n = fc.nodes[nid]
+        if n.op == LEAF:
+            root = _circuit_root(n.leaf.model)
+            if root is None:
+                return None
+            lcols = [col_of.get(f, -1) for f in n.leaf.features]
+            return graph_terms(nid, root, {v: lcols[j] for j, v in enumerate(n.leaf.model.scope)})
+        holds = [ch for ch in n.children if target in fc.nodes[ch].scope]
+        if n.op == PRODUCT:
+            if len(holds) != 1:
+                return None
+            rest = [fc_node(ch, None) for ch in n.children if ch != holds[0]]
+            inner = fc_terms(holds[0])
+            return None if inner is None else [(k, f + rest, t) for k, f, t in inner]
+        if n.op in (SUM, AVERAGE) and len(holds) == len(n.children):
+            with np.errstate(divide="ignore"):
+                logw = (np.log(np.asarray(n.weights, dtype=np.float64)) if n.op == SUM
+                        else np.full(len(n.children), -np.log(len(n.children))))
+            return mix([fc_terms(ch) for ch in n.children], logw)
+        return None
+
+    if separable and target is not None and target in fc.nodes[fc.root].scope:
+        found = fc_terms(fc.root)
+        if found is not None:
+            roots, terms = _Terms.of(found, nodes, n_classes)
+            return nodes, roots, models, terms
+        nodes.clear(), memo.clear(), models.clear()
     roots = [fc_node(fc.root, c) for c in classes]
-    return nodes, roots, models
+    return nodes, roots, models, None
 
 
 def _circuit_root(model: Any) -> Any:

@@ -569,13 +569,15 @@ def _noisy_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, featur
 def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray, y: np.ndarray,
                   fit: Callable[..., Any], floors: Any, on: dict[str, Any]) -> list[LeafReport]:
     """The ``class`` glue's PCs of one task: one per class the client holds at least
-    ``MIN_LEAF_ROWS`` rows of (cluster id = class code). A single-owner subspace without the
-    target also needs one for every other class: its PC over all the client's rows stands in (its
-    row count then says so: it is not the class's)."""
-    codes = np.rint(y).astype(np.int64)
+    ``MIN_LEAF_ROWS`` rows of (cluster id = class code), and one over the rows of the classes it
+    holds fewer rows of (:func:`pool_rare_classes`; cluster id = the number of classes). A
+    single-owner subspace without the target also needs one for every other class: its PC over
+    all the client's rows stands in (its row count then says so: it is not the class's)."""
+    n_classes = int(t.n_clusters)
+    codes = pool_rare_classes(np.rint(y).astype(np.int64), n_classes)
     out = []
     whole = None
-    for k in range(int(t.n_clusters)):
+    for k in range(n_classes + 1):
         rows = xs[codes == k]
         # a class of fewer than k rows is no PC of its own: its leaves would be those rows' values
         if len(rows) < MIN_LEAF_ROWS:
@@ -588,6 +590,22 @@ def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray
         model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors, **on)
         out.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return out
+
+
+def pool_rare_classes(codes: np.ndarray, n_classes: int) -> np.ndarray:
+    """The class codes ``codes`` of a client's rows with the classes it holds fewer than
+    ``MIN_LEAF_ROWS`` (but some) rows of pooled into the code ``n_classes`` when the pool holds at
+    least ``MIN_LEAF_ROWS`` rows; ``codes`` unchanged otherwise. The pool's PC then models those
+    classes together (the target's leaf in it weighs them by their rows), so a target of many
+    classes with a few rows each, which no class PC of its own may be learned on, still joins the
+    class glue as one product, weighted by the pool's rows."""
+    held = codes[(codes >= 0) & (codes < n_classes)]
+    counts = np.bincount(held, minlength=n_classes)
+    rare = np.flatnonzero((counts > 0) & (counts < MIN_LEAF_ROWS))
+    pool = np.isin(codes, rare)
+    if int(pool.sum()) < MIN_LEAF_ROWS:
+        return codes
+    return np.where(pool, n_classes, codes)
 
 
 # -- the builder -------------------------------------------------------------------------------
@@ -891,8 +909,9 @@ class OnePassBuilder:
         subspace whose owners hold the target (a shared one: their sum over the owners holding
         the class, by rows), those clusters and the other shared subspaces' sums; weighted by
         the class's rows times the clusters' fractions (the combinatorial rule: exact EM, which
-        vertical data allows, then learns how classes and clusters go together). A class no
-        client holds is left out."""
+        vertical data allows, then learns how classes and clusters go together). The pool of
+        rare classes (:func:`pool_rare_classes`, class index ``n_clusters``) is one more class
+        here. A class no client holds a PC of is left out."""
         by_class = {t.subspace for t in plan.tasks if t.by_class}
         clustered = {t.subspace for t in plan.tasks if not t.by_class and t.n_clusters > 0}
         target_sub = next(s for s in plan.subspaces if plan.target in s.features)
@@ -920,7 +939,7 @@ class OnePassBuilder:
                 clusters.append([leaf_ids[(c, s.index, k)] for k in ks])
         frac = [np.array([rows[i] for i in cl]) / sum(rows[i] for i in cl) for cl in clusters]
         products: dict[tuple[int, ...], float] = {}
-        for k in range(int(plan.n_clusters)):
+        for k in range(int(plan.n_clusters) + 1):  # every class, then the pool of rare ones
             ch = [leaf_ids[(c, target_sub.index, k)] for c in target_sub.owners
                   if (c, target_sub.index, k) in leaf_ids]
             if not ch:

@@ -171,12 +171,23 @@ def evaluate_gathered(cfg: dict[str, Any], device: str | None = None) -> dict[st
     batch_seconds = []
     todo = batches(len(test.x), int(cfg["batch"]))
     progress.phase(lambda: f"evaluating {len(test.x)} test rows: {len(roots)} of {len(todo)} batches done")
+    from mpifc.federated.flat import SEPARABLE_CLASSES, FlatCircuit
+
+    program = None
+    if query.n_classes >= SEPARABLE_CLASSES:
+        # many classes: the flat program's one pass for every class (the reference's per-class
+        # leaf values cost classes x class PCs); equal to it up to floating-point rounding
+        program = FlatCircuit(fc, query.expand_target)
+        order = [test.features.index(f) for f in fc.features]
     for lo, hi in todo:
         t_batch = time.perf_counter()
         cols = {f: test.x[lo:hi, j].copy() for j, f in enumerate(test.features)}
         if query.expand_target is not None:
             cols[query.expand_target][:] = np.nan
-        roots.append(upward(fc, cols, query)[fc.root])
+        if program is not None:
+            roots.append(program.root_values(np.stack([cols[test.features[j]] for j in order], axis=1)))
+        else:
+            roots.append(upward(fc, cols, query)[fc.root])
         batch_seconds.append(time.perf_counter() - t_batch)
     seconds = time.perf_counter() - t_start
     out = _metrics(fc, np.concatenate(roots), test, query, cfg, "gathered")

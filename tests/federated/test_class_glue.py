@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -148,3 +150,82 @@ def test_default_vertical_job_equals_simulate_with_its_em(tmp_path):
     assert np.array_equal(sim.predict_proba(x).argmax(1), mpi.predict_proba(x).argmax(1))
     one_pass = mpifc.simulate(shards, seed=1, refine="none")
     assert not np.allclose(one_pass.log_likelihood(x), mpi.log_likelihood(x))
+
+
+def _many_class_csv(path, n_classes=24, big=12, small=3, seed=0):
+    """A CSV whose target has ``n_classes`` classes: half with ``big`` rows, half with ``small``
+    (fewer than 5 training rows each: their client pools them into one class PC)."""
+    rng = np.random.default_rng(seed)
+    y = np.concatenate([np.repeat(np.arange(n_classes // 2), big), np.repeat(np.arange(n_classes // 2, n_classes), small)])
+    rng.shuffle(y)
+    centre = rng.normal(size=(n_classes, 3)) * 3
+    x = centre[y] + rng.normal(size=(len(y), 3))
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "d", "kind"])
+        for i in range(len(y)):
+            w.writerow([f"{x[i, 0]:.3f}", f"{x[i, 1]:.3f}", f"{x[i, 2]:.3f}", int(y[i] % 5), f"k{y[i]}"])
+
+
+@pytest.mark.mpi
+def test_a_many_class_vertical_job_on_default_flags_answers_as_the_enumeration(tmp_path):
+    # 24 classes, 12 of them with fewer than 5 training rows, on 2 vertical clients, every
+    # command on its default flags (a liveness bound for a loaded machine aside): the rare
+    # classes share one pooled class PC, and evaluate and query answer with the normalised joint
+    # of the reference pass (every class evaluated node by node)
+    import mpifc
+    from data_prep.shards import read_test
+    from mpifc.federated.evaluate import class_log_joint
+    from tests.mpi_util import run_mpi
+
+    data, shards, model = tmp_path / "t.csv", tmp_path / "shards", tmp_path / "fc.h5"
+    _many_class_csv(data)
+    from mpifc.cli.prep import main as prep
+
+    assert prep(["--dataset", "csv", "--path", str(data), "--target", "kind", "--setting", "vertical",
+                 "--clients", "2", "--out", str(shards)]) == 0
+    r = run_mpi(3, ["-m", "mpifc", "train", str(shards), "--model", str(model), "--quiet",
+                    "--liveness", "60"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    fm = mpifc.load(model)
+    assert len(fm.classes) == 24
+    leaves = [n.leaf for n in fm.fc.leaves if "kind" in n.leaf.features]
+    pool = [lf for lf in leaves if lf.cluster == 24]
+    assert len(pool) == 1 and len(leaves) == 13  # 12 classes of their own, one pool of 12
+    n_train = json.loads((shards / "manifest.json").read_text())["clients"][0]["n_train"]
+    assert sum(lf.n_rows for lf in leaves) == n_train and min(lf.n_rows for lf in leaves) >= 5
+
+    test = read_test(shards)
+    x = test.x.copy()
+    t = test.features.index("kind")
+    x[:, t] = np.nan
+    want = class_log_joint(fm.fc, {f: x[:, j] for j, f in enumerate(test.features)}, "kind")
+    order = [test.features.index(f) for f in fm.features]
+    got = fm.class_log_joint(x[:, order])
+    assert np.max(np.abs(got - want)) < 1e-9
+
+    y = test.x[:, t].astype(int)
+    accuracy = float((want.argmax(1) == y).mean())
+    ev = subprocess.run([sys.executable, "-m", "mpifc", "evaluate", str(shards), "--model", str(model), "--json"],
+                        capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert accuracy > 0.5  # 24 classes: chance is 1/24
+
+    ask, answers = tmp_path / "ask.csv", tmp_path / "answers.csv"
+    with open(data, newline="") as f:
+        rows = list(csv.reader(f))
+    with open(ask, "w", newline="") as f:
+        csv.writer(f).writerows([row[:4] for row in rows[:41]])
+    q = subprocess.run([sys.executable, "-m", "mpifc", "query", str(model), "--data", str(ask), "--what", "predict",
+                        "--out", str(answers), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr
+    with open(answers, newline="") as f:
+        got_rows = list(csv.DictReader(f))
+    enc = fm.encode({c: [row[j] for row in rows[1:41]] for j, c in enumerate(rows[0][:4])})
+    joint = class_log_joint(fm.fc, {f: enc[:, j] for j, f in enumerate(fm.features)}, "kind")
+    p = np.exp(joint - joint.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    assert [r["kind"] for r in got_rows] == [str(fm.classes[k]) for k in p.argmax(1)]
+    probs = np.array([[float(r[f"p_{c}"]) for c in fm.classes] for r in got_rows])
+    assert np.allclose(probs.sum(1), 1.0, atol=1e-6) and np.allclose(probs, p, atol=1e-6)

@@ -163,3 +163,28 @@ def test_the_models_hold_every_kind_of_leaf_and_client_model(models):
         seen.update(type(m.model).__name__ for m in client_models)
     want = {"gaussian", "histogram-real", "categorical", "bernoulli", "TreeClassifier", "FactorizedModel"}
     assert want <= seen, sorted(want - seen)
+
+
+def test_the_class_terms_equal_their_logsumexp_where_linear_space_underflows():
+    # log p(c, x) = logsumexp_i (a_i(x) + t_i(c)), one matrix product in linear space; rows whose
+    # terms lie thousands of nats apart, classes no term gives mass (-inf) and all-impossible rows
+    # are computed again in log space, so every entry equals the brute-force logsumexp
+    from scipy.special import logsumexp
+
+    from mpifc.federated.flat import _Terms
+
+    rng = np.random.default_rng(0)
+    n_terms, n_classes, n_roots = 40, 30, 7
+    logt = np.log(rng.dirichlet(np.full(n_classes, 0.3), n_terms))
+    logt[rng.random(logt.shape) < 0.6] = -np.inf  # sparse classes, as point-mass target leaves give
+    logt[:, 3] = -np.inf
+    idx = rng.integers(0, n_roots + 1, (n_terms, 3))
+    terms = _Terms(rng.normal(size=n_terms), idx, logt, n_roots)
+    values = rng.normal(size=(50, n_roots)) * np.array([1, 1, 1, 1, 1, 400, 4000])
+    values[7] = -np.inf
+    got = terms.joint(values)
+    a = np.concatenate([values, np.zeros((50, 1))], axis=1)[:, idx].sum(axis=2) + terms.const
+    with np.errstate(divide="ignore"):
+        want = logsumexp(a[:, :, None] + logt[None], axis=1)
+    _close(got, want)
+    assert np.isneginf(got[:, 3]).all() and np.isneginf(got[7]).all()
