@@ -30,7 +30,6 @@ Names below are imported lazily so ``import mpifc.runtime`` does not start MPI.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 _EXPORTS = {
     "MessageKind": "kinds", "register_kind": "kinds", "kind_by_id": "kinds", "kind_by_name": "kinds",
@@ -43,7 +42,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'mpifc.runtime' has no attribute {name!r}")

@@ -190,8 +190,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             node.in_job = True
         if rank0 is not None:
             faults.note(f"rank-{rank0}.pid", str(os.getpid()))
-            if node is not None and node.sentinel is not None:
-                faults.note(f"sentinel-{rank0}.pid", str(node.sentinel.pid))
+            if node is not None and node.sentinel_pid is not None:
+                faults.note(f"sentinel-{rank0}.pid", str(node.sentinel_pid))
         if node is not None:
             # Meet the node's other ranks here, asleep: MPI_Init would wait for them spinning,
             # with the GIL held. A rank that never comes is the sentinel's to report.
