@@ -106,7 +106,7 @@ class JobContext:
         rank waits asleep, not spinning inside MPI.
         """
         self.transport.barrier()
-        facts = self.comm.gather(self.device_facts(), root=0)
+        facts = self.transport.gather_obj(self.device_facts(), root=0)  # polled and watched, like the barrier
         return None if facts is None else {str(r): f for r, f in enumerate(facts)}
 
     @property
