@@ -175,13 +175,10 @@ def job_command(job: str, files: dict[str, Path], out: Path, liveness: float) ->
 # -- processes --------------------------------------------------------------------------------
 def _stat(pid: int) -> tuple[str, str] | None:
     """``(comm, state)`` of a process, or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return None
-    lo, hi = text.find("("), text.rfind(")")
-    return text[lo + 1: hi], text[hi + 2: hi + 3]
+    from mpifc.runtime.early import _stat_fields
+
+    got = _stat_fields(pid)
+    return None if got is None or not got[1] else (got[0], got[1][0])
 
 
 def alive(pid: int) -> bool:
