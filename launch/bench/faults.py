@@ -28,6 +28,12 @@ How a cell must end (``ok``):
   SIGTERM: ``the job received SIGTERM``, 143), never a rank; no output (model, ledger, answer)
   at its final path nor partial file beside it; no ``/dev/shm`` file the job's MPI mapped, no
   node folder and no process of the job left a few seconds after ``mpiexec`` ended;
+* or, where the signal ends a rank before any process of the job can see it go (``unwatched``:
+  SIGKILL before the node sentinel's first look, or SIGTERM/SIGINT before the rank's first line
+  of mpifc has run, whose default action ends it; the launcher kills the other ranks within
+  milliseconds, so nobody is left who saw which rank ended first): failed, within the same time,
+  with no leftovers, and no ``mpifc:`` line or one that names the rank among those that ended
+  (never another rank alone). The table counts these cells apart;
 * or, where the signal does not end the job (SIGTERM and SIGINT to the daemon, which hydra
   ignores), succeeded, cleanly, however long the rest of the job took: exit code 0, no
   ``mpifc:`` line, every output in place, nothing else left.
@@ -69,7 +75,8 @@ SAMPLE_SIGNALS = [  # (job, target, signal, moment): the sample tests/reliabilit
     ("evaluate", "rank 0", "STOP", "phase:query"), ("train", "rank 2", "KILL", "phase:learn"),
     ("train", "rank 1", "TERM", "up+0.1"), ("query", "mpiexec", "INT", "up"),
     ("evaluate", "hydra_pmi_proxy", "KILL", "up+0.2"), ("train", "mpiexec", "STOP", "final"),
-    ("query", "rank 1", "INT", "up+0.3"),
+    ("query", "rank 1", "INT", "up+0.3"), ("train", "rank 2", "KILL", "phase:startup"),
+    ("evaluate", "rank 1", "TERM", "phase:startup"),
 ]
 SAMPLE_INJECTED = [("learn", "client raise"), ("query", "server return")]
 
@@ -90,6 +97,7 @@ class Cell:
     lines: int = 0
     line: str = ""
     leftovers: list[str] = field(default_factory=list)
+    unwatched: bool = False  # a rank ended by the signal before any process of mpifc could see it go
     ok: bool = False
 
 
@@ -167,13 +175,10 @@ def job_command(job: str, files: dict[str, Path], out: Path, liveness: float) ->
 # -- processes --------------------------------------------------------------------------------
 def _stat(pid: int) -> tuple[str, str] | None:
     """``(comm, state)`` of a process, or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return None
-    lo, hi = text.find("("), text.rfind(")")
-    return text[lo + 1: hi], text[hi + 2: hi + 3]
+    from mpifc.runtime.early import _stat_fields
+
+    got = _stat_fields(pid)
+    return None if got is None or not got[1] else (got[0], got[1][0])
 
 
 def alive(pid: int) -> bool:
@@ -331,6 +336,7 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
                 time.sleep(0.002)
                 pid = procs.pid_of(target)
             if pid is not None and alive(pid) and not _done(target, procs):
+                cell.unwatched = _unwatched(target, fault, pid, procs)
                 os.kill(pid, getattr(signal, f"SIG{fault}"))
                 fault_at = time.monotonic()
         if fault_at is None:
@@ -359,6 +365,29 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
     cell.leftovers += _leftovers(procs, log, out, finals, success=(target, fault) in IGNORED)
     cell.ok = cell.injected and not cell.missed and _ended_well(cell, liveness)
     return cell
+
+
+def _takes_signals(pid: int) -> bool:
+    """Whether process ``pid`` blocks SIGTERM for its signal thread (mpifc's first line has run)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            blocked = next((int(ln.split()[1], 16) for ln in f if ln.startswith("SigBlk:")), 0)
+    except (OSError, ValueError):
+        return False
+    return bool(blocked & (1 << (signal.SIGTERM - 1)))
+
+
+def _unwatched(target: str, fault: str, pid: int, procs: JobProcesses) -> bool:
+    """Whether a signal to ``target`` now ends a rank that no process of the job can see go: the
+    node sentinel does not watch yet (it writes ``sentinel.pid`` after its first look), and the
+    signal is SIGKILL, or SIGTERM/SIGINT before the rank's first line of mpifc has run (their
+    default action ends it). The launcher then kills every other rank within milliseconds."""
+    if not target.startswith("rank ") or fault == "STOP":
+        return False
+    folder = procs.folder()
+    if folder is not None and (folder / "sentinel.pid").exists():
+        return False
+    return fault == "KILL" or not _takes_signals(pid)
 
 
 def _done(target: str, procs: JobProcesses) -> bool:
@@ -411,6 +440,9 @@ def _ended_well(c: Cell, liveness: float) -> bool:
         return c.exit == 0 and c.lines == 0 and not c.leftovers
     if c.seconds is None or c.seconds > liveness + 5.0 or c.leftovers:
         return False
+    if c.unwatched:  # nobody saw it go: no line, or one that names it among those that ended
+        return c.exit not in (0, None) and (c.lines == 0 or (c.lines == 1 and (
+            c.named or not re.match(r"mpifc: ranks? \d", c.line))))
     if c.exit in (0, None) or c.lines != 1 or not c.named:
         return False
     if c.target in ("mpiexec", "hydra_pmi_proxy") and c.fault in ("INT", "TERM"):
@@ -475,7 +507,7 @@ def sample_specs() -> list[tuple[str, str, str, str]]:
 def summary(cells: list[Cell], liveness: float) -> str:
     run = [c for c in cells if not c.missed]
     lines = [f"{'job':9s} {'target':16s} {'runs':>5s} {'missed':>6s} {'hangs':>5s} {'worst s':>8s} {'misnamed':>8s} "
-             f"{'not 1 line':>10s} {'leftovers':>9s} {'failed':>6s}"]
+             f"{'not 1 line':>10s} {'leftovers':>9s} {'unwatched':>9s} {'failed':>6s}"]
     groups: dict[tuple[str, str], list[Cell]] = {}
     for c in cells:
         groups.setdefault((c.job, c.target if c.fault not in INJECTED else "injected"), []).append(c)
@@ -487,13 +519,15 @@ def summary(cells: list[Cell], liveness: float) -> str:
         lines.append(f"{job:9s} {target:16s} {len(r):5d} {len(cs) - len(r):6d} {hangs:5d} {worst:8.2f} "
                      f"{sum(1 for c in r if not c.named and (c.target, c.fault) not in IGNORED):8d} "
                      f"{sum(1 for c in r if c.lines != (0 if (c.target, c.fault) in IGNORED else 1)):10d} "
-                     f"{sum(1 for c in r if c.leftovers):9d} {sum(1 for c in r if not c.ok):6d}")
+                     f"{sum(1 for c in r if c.leftovers):9d} {sum(1 for c in r if c.unwatched):9d} "
+                     f"{sum(1 for c in r if not c.ok):6d}")
     return "\n".join(lines) + f"\n{len(run)} runs"
 
 
 def failed_table(cells: list[Cell]) -> str:
     bad = [c for c in cells if not c.missed and not c.ok]
-    rows = [f"{c.job:9s} {c.target:16s} {c.fault:14s} {c.moment:9s} {c.seconds if c.seconds is None else round(c.seconds, 2)!s:>7s} "
+    rows = [f"{c.job:9s} {c.target:16s} {c.fault:14s} {c.moment:9s}{' (unwatched)' if c.unwatched else ''} "
+            f"{c.seconds if c.seconds is None else round(c.seconds, 2)!s:>7s} "
             f"exit {c.exit!s:>4s} lines {c.lines} {'named' if c.named else 'NOT NAMED'}  {c.line[:110]!r} "
             f"{'; '.join(c.leftovers)}" for c in bad]
     return "\n".join(rows) if rows else "(no failed cell)"

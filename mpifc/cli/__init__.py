@@ -13,7 +13,15 @@ that adds its flags (see :class:`Command`).
 """
 from __future__ import annotations
 
-from mpifc.runtime import signals as _signals
+import sys
+
+from mpifc.runtime import early as _early
+
+# Under a launcher, first of all: the node sentinel watches this rank from here on, and a Ctrl-C
+# or SIGTERM waits for the signal thread instead of ending an import (mpifc.runtime.early).
+_early.take(sys.argv[1:], _early.DEFAULT_LIMIT_S)
+
+from mpifc.runtime import signals as _signals  # noqa: E402
 
 # Under a launcher, a Ctrl-C or SIGTERM ends the job with one line from here on, even while the
 # rest of the command is still being imported (mpifc.runtime.signals).
@@ -21,7 +29,6 @@ _signals.install(_signals.env_rank())
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402
-import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 

@@ -12,6 +12,7 @@ Modules (one reason to change each):
   ledger     one row per message; gathered to rank 0; CSV and per-link/phase summaries
   job        run_job(main): communicator, ledger, transport, roles, device, fail-fast, liveness
   liveness   heartbeats on a side communicator: a silent or early-ended rank, or a deadlock, ends the job
+  early      the mpifc command's first lines under a launcher: signals held, node met, sentinel started
   node       the node folder the ranks share before and beside MPI, and its sentinel process
   sentinel   the per-node process that watches the ranks and the launcher from outside MPI (stdlib only)
   signals    SIGINT/SIGTERM/SIGUSR1 on a thread of their own; a rank's normal end
@@ -30,7 +31,6 @@ Names below are imported lazily so ``import mpifc.runtime`` does not start MPI.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 _EXPORTS = {
     "MessageKind": "kinds", "register_kind": "kinds", "kind_by_id": "kinds", "kind_by_name": "kinds",
@@ -43,7 +43,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'mpifc.runtime' has no attribute {name!r}")

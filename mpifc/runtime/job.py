@@ -106,7 +106,7 @@ class JobContext:
         rank waits asleep, not spinning inside MPI.
         """
         self.transport.barrier()
-        facts = self.comm.gather(self.device_facts(), root=0)
+        facts = self.transport.gather_obj(self.device_facts(), root=0)  # polled and watched, like the barrier
         return None if facts is None else {str(r): f for r, f in enumerate(facts)}
 
     @property
@@ -190,8 +190,8 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             node.in_job = True
         if rank0 is not None:
             faults.note(f"rank-{rank0}.pid", str(os.getpid()))
-            if node is not None and node.sentinel is not None:
-                faults.note(f"sentinel-{rank0}.pid", str(node.sentinel.pid))
+            if node is not None and node.sentinel_pid is not None:
+                faults.note(f"sentinel-{rank0}.pid", str(node.sentinel_pid))
         if node is not None:
             # Meet the node's other ranks here, asleep: MPI_Init would wait for them spinning,
             # with the GIL held. A rank that never comes is the sentinel's to report.

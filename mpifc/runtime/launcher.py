@@ -10,6 +10,7 @@ import os
 from typing import Mapping
 
 from mpifc.errors import UserError
+from mpifc.runtime.early import RANK_VARIABLES, env_rank  # noqa: F401 - this process's rank, for callers
 
 # Variables that launchers set to the number of ranks in the job.
 SIZE_VARIABLES: tuple[str, ...] = (
@@ -20,20 +21,6 @@ SIZE_VARIABLES: tuple[str, ...] = (
     "SLURM_STEP_NUM_TASKS",   # srun step (not set by sbatch in the batch script itself)
     "MPI_LOCALNRANKS",        # MPICH hydra: ranks on this node
 )
-
-
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-"""Variables that launchers set to this process's rank."""
-
-
-def env_rank(environ: Mapping[str, str] | None = None) -> int | None:
-    """This process's rank as the launcher put it in the environment, if any (MPI not needed)."""
-    env = os.environ if environ is None else environ
-    for name in RANK_VARIABLES:
-        v = env.get(name)
-        if v is not None and v.isdigit():
-            return int(v)
-    return None
 
 
 def launcher_size(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:

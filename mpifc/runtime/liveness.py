@@ -33,12 +33,15 @@ What a heartbeat thread can and cannot see:
 * a frozen process (SIGSTOP), a killed one, a rank whose process exited, a rank that returned
   early: seen within ``S`` (a killed or exited rank is in practice ended faster by the launcher,
   and named by the node sentinel, :mod:`mpifc.runtime.sentinel`);
-* a rank stuck in native code that holds the GIL (a C extension in an endless loop): its
-  heartbeat thread cannot run, so it falls silent and is seen within ``S``. The flip side: native
-  code that holds the GIL for longer than ``S`` honestly is taken for a stuck rank. The heavy
-  libraries used here release the GIL in their heavy work (NumPy, SciPy, scikit-learn, torch);
-  the longest GIL holds measured in a LearnSPN fit on Adult came from first imports of C
-  extensions (up to 0.7 s for torch on a cold, loaded machine);
+* a rank whose heartbeat thread cannot run because native code holds the GIL: on a rank's own
+  node the judge then looks at the rank's process in ``/proc`` (from its second missed beat on,
+  :class:`mpifc.runtime.sentinel.Activity`): while it works (CPU time grows, or it is running),
+  it is busy, not frozen, and is waited for, however long a GIL hold an oversubscribed node
+  stretches. A
+  frozen (SIGSTOP), sleeping or ended process shows no work and is named within ``S``. A rank
+  on another node is judged by its heartbeats alone (its own node's sentinel sees it frozen or
+  killed). The flip side: native code in an endless loop holding the GIL looks busy on its own
+  node, as the next case does everywhere;
 * a rank stuck in native code that has released the GIL (a deadlock inside a library, a
   livelocked MPI call): its heartbeat thread keeps beating, and it looks exactly like a long
   computation. The job's ``--deadline`` is the outer bound for that case.
@@ -53,6 +56,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from mpifc.runtime.early import DEFAULT_LIMIT_S  # noqa: F401 - the default --liveness
+
 RUNNING, DONE, FINAL = 0, 1, 2
 STATE_NAMES = {RUNNING: "running", DONE: "done", FINAL: "final"}
 NOBODY = -1        # awaiting: not blocked on a message
@@ -61,14 +66,13 @@ EVERYONE = -2      # awaiting: a barrier (no single peer to blame)
 _BEAT = struct.Struct("<iiiiii24s")  # kind, seq, state, awaited rank, awaited kind id, progress, phase
 _KIND_BEAT, _KIND_NOTICE = 1, 2
 _TAG_BEAT, _TAG_NOTICE = 1, 2
-DEFAULT_LIMIT_S = 10.0
 
 
 class PeerView:
     """What this rank last heard from one peer."""
 
     __slots__ = ("last_seen", "state", "done_since", "awaiting", "awaiting_kind", "phase", "progress",
-                 "blocked_since")
+                 "blocked_since", "activity")
 
     def __init__(self, now: float) -> None:
         self.last_seen = now
@@ -79,6 +83,7 @@ class PeerView:
         self.phase = "startup"
         self.progress = -1
         self.blocked_since: float | None = None  # waiting, with no message in or out, since
+        self.activity: Any = None  # its process's work, watched while it is silent (on this node)
 
     def update_blocked(self, awaiting: int, kind: int, progress: int, now: float) -> None:
         """Track how long this rank has waited (for ``awaiting``/``kind``) without progress."""
@@ -219,6 +224,7 @@ class Liveness:
                 kind, _, state, awaiting, awaiting_kind, progress, phase = _BEAT.unpack_from(self._rbuf[p])
                 v = self.views[p]
                 v.last_seen = now
+                v.activity = None
                 if state != RUNNING and v.state == RUNNING:
                     v.done_since = now
                 v.state = state
@@ -260,6 +266,8 @@ class Liveness:
         for p in self.peers:
             v = self.views[p]
             age = now - v.last_seen
+            if v.state != FINAL and age > 2.0 * self.period and self._works_here(p, v, now):
+                continue  # its heartbeat thread is starved, not the rank (see _works_here)
             if v.state != FINAL and age > self.silence + (self.extra if p == 0 else 0.0):
                 phase = repr(v.phase) if v.state == RUNNING else f"'teardown' (its job ended in phase {v.phase!r})"
                 return (f"mpifc: rank {p} stopped answering in phase {phase} (no heartbeat for {age:.1f} s, "
@@ -286,6 +294,24 @@ class Liveness:
         waits = [f"rank {r} {describe_wait(r, (v.awaiting, v.awaiting_kind))}" for r, v in ranks[:4]]
         more = f"; and {len(ranks) - 4} more ranks" if len(ranks) > 4 else ""
         return f"mpifc: every rank waits and none sends ({'; '.join(waits)}{more}); ending the job"
+
+    def _works_here(self, p: int, v: PeerView, now: float) -> bool:
+        """Whether silent peer ``p`` runs on this node and its process has worked within the
+        silence limit (:class:`mpifc.runtime.sentinel.Activity`, sampled once a period from its
+        second missed beat on): native code holding the GIL, stretched by an oversubscribed node,
+        starves its heartbeat thread, not its work. A stopped, sleeping or ended process shows
+        no work and is named on time; a peer on another node is judged by its heartbeats alone."""
+        if self.node is None:
+            return False
+        if v.activity is None:
+            pid = self.node.local_pids().get(p)
+            if pid is None:
+                return False
+            from mpifc.runtime.sentinel import Activity
+
+            v.activity = Activity(pid, now)
+            return False
+        return v.activity.idle_for(now) < self.silence
 
     def describe_ranks(self, most: int = 4) -> str:
         """What this rank and the peers it hears do (phase, and the wait, if any), in words."""

@@ -30,102 +30,22 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Mapping
 
-LAUNCHER_PROCESSES = ("hydra_pmi_proxy", "orted", "prted", "slurmstepd")
-"""Process names of the launchers' per-node daemons that start the ranks."""
-LAUNCHER_COMMANDS = ("mpiexec", "mpirun", "prterun", "orterun")
-"""Names (prefixes) of the commands a user runs that start those daemons (``mpiexec.hydra`` too)."""
-
-
-def _stat_fields(pid: int) -> tuple[str, list[str]] | None:
-    """``(comm, fields after comm)`` of ``/proc/<pid>/stat``, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return None
-    lo, hi = text.find("("), text.rfind(")")
-    if lo < 0 or hi < 0:
-        return None
-    return text[lo + 1: hi], text[hi + 2:].split()
-
-
-def launcher_process(max_depth: int = 6) -> tuple[int, str] | None:
-    """``(pid, start time)`` of the nearest ancestor that is a launcher daemon, or None.
-
-    Walks up from the parent, so wrappers between the daemon and the rank (``timeout``, a
-    shell) do not matter.
-    """
-    pid = os.getppid()
-    for _ in range(max_depth):
-        if pid <= 1:
-            return None
-        info = _stat_fields(pid)
-        if info is None:
-            return None
-        comm, rest = info
-        if comm in LAUNCHER_PROCESSES:
-            return pid, rest[19]  # field 22 of stat: start time in clock ticks since boot
-        pid = int(rest[1])
-    return None
-
-
-def launcher_chain(daemon: int) -> list[tuple[str, int]]:
-    """``[(name, pid)]`` of the launcher processes to watch: the per-node daemon ``daemon``, then
-    its parent if that is the ``mpiexec`` the user ran (on this node)."""
-    info = _stat_fields(daemon)
-    if info is None:
-        return []
-    chain = [(info[0], daemon)]
-    parent = int(info[1][1])
-    up = _stat_fields(parent) if parent > 1 else None
-    if up is not None and up[0].startswith(LAUNCHER_COMMANDS):
-        chain.append((up[0], parent))
-    return chain
-
-
-def _tasks_on_node(spec: str, node: int) -> int | None:
-    """Slurm's ``SLURM_STEP_TASKS_PER_NODE`` (e.g. ``"4(x2),3"``) for node index ``node``."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        n, _, rep = part.partition("(x")
-        try:
-            counts += [int(n)] * (int(rep.rstrip(")")) if rep else 1)
-        except ValueError:
-            return None
-    return counts[node] if 0 <= node < len(counts) else None
-
-
-def local_rank_count(environ: Mapping[str, str] | None = None) -> int | None:
-    """How many ranks the launcher started on this node, from its environment, or None."""
-    env = os.environ if environ is None else environ
-    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        v = env.get(name, "")
-        if v.isdigit() and int(v) > 0:
-            return int(v)
-    spec, node = env.get("SLURM_STEP_TASKS_PER_NODE"), env.get("SLURM_NODEID", "")
-    if spec and node.isdigit():
-        return _tasks_on_node(spec, int(node))
-    return None
+from mpifc.runtime.early import (LAUNCHER_COMMANDS, LAUNCHER_PROCESSES, base_folder,  # noqa: F401 - the names
+                                 launcher_chain, launcher_process, liveness_in, local_rank_count, node_folder)  # callers use here
+from mpifc.runtime import early
 
 
 def _base_folder() -> Path:
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
+    return Path(base_folder())
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    early.write_atomic(str(path), text)
 
 
 class NodeView:
@@ -144,6 +64,7 @@ class NodeView:
         self.local_ranks = local_ranks
         self.period = min(max(limit_s / 6.0, 0.02), 1.0)
         self.sentinel: subprocess.Popen | None = None
+        self.sentinel_pid: int | None = None  # the sentinel this rank started, if any
         self._stop_beacon = threading.Event()
         self._stages = 0
         self._me = folder / f"rank-{rank}"
@@ -160,8 +81,8 @@ class NodeView:
         launcher = launcher_process()
         if rank is None or local is None or launcher is None:
             return None
-        pid, start = launcher
-        folder = _base_folder() / f"mpifc-{os.getuid()}-{pid}-{start}"
+        pid, _ = launcher
+        folder = Path(node_folder(launcher))
         try:
             folder.mkdir(mode=0o700)
             first = True
@@ -170,6 +91,7 @@ class NodeView:
         except OSError:
             return None
         view = cls(folder, rank, limit_s, local)
+        view.sentinel_pid = early.sentinel_started()  # started as the command began (mpifc.runtime.early)
         try:
             if first:
                 view._start_sentinel(launcher_chain(pid))
@@ -204,6 +126,7 @@ class NodeView:
             [sys.executable, "-I", "-S", str(script), str(self.folder), repr(self.limit), str(self.local_ranks),
              *(f"{name}:{pid}" for name, pid in launchers)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        self.sentinel_pid = self.sentinel.pid
 
     def _beacon(self) -> None:
         while not self._stop_beacon.wait(self.period):
@@ -321,8 +244,9 @@ class NodeView:
 
         if self.sentinel is not None:
             return self.sentinel.poll() is not None
+        pid = self.sentinel_pid
         try:
-            pid = int((self.folder / "sentinel.pid").read_text())
+            pid = pid if pid is not None else int((self.folder / "sentinel.pid").read_text())
         except (OSError, ValueError):
             return False
         return gone(pid)
@@ -419,15 +343,7 @@ def join_early(argv: list[str], default_limit_s: float) -> "NodeView | None":
     seen by the sentinel, and so is the launcher."""
     from mpifc.runtime.launcher import env_rank
 
-    limit = default_limit_s
-    for i, a in enumerate(argv):
-        text = a.split("=", 1)[1] if a.startswith("--liveness=") else (argv[i + 1] if a == "--liveness" and
-                                                                       i + 1 < len(argv) else None)
-        if text is not None:
-            try:
-                limit = float(text) if float(text) > 0 else default_limit_s
-            except ValueError:
-                pass
+    limit = liveness_in(argv, default_limit_s)
     if current() is None and launcher_process() is None and local_rank_count() is not None and os.getppid() == 1:
         # Started by a launcher whose daemon is gone (killed while this rank started): nobody
         # can hear this rank any more, and mpiexec has reported the failure.

@@ -88,6 +88,43 @@ def proc_state(pid: int) -> str | None:
     return text[end + 2: end + 3] if end >= 0 else None
 
 
+class Activity:
+    """When process ``pid`` last showed that it works: its CPU time grew, or it was seen running
+    (``R``) or in I/O (``D``), read from ``/proc``. A rank whose Python threads are starved (native
+    code holding the GIL on an oversubscribed node) cannot beat, but it is busy, and this says so;
+    a stopped (``T``), sleeping-forever or ended process shows no activity.
+
+    Args:
+        pid: the process.
+        now: ``time.monotonic()`` at the first look.
+        active: whether to count the first look as activity (a process just started).
+    """
+
+    __slots__ = ("pid", "ticks", "at")
+
+    def __init__(self, pid: int, now: float, active: bool = False) -> None:
+        self.pid = pid
+        self.ticks: int | None = None
+        self.at = now if active else float("-inf")
+        self.idle_for(now)
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the last sign of work (``inf``: none seen, or the process is gone)."""
+        text = _read(f"/proc/{self.pid}/stat")
+        end = text.rfind(")") if text else -1
+        if end < 0:
+            self.at = float("-inf")
+            return float("inf")
+        fields = text[end + 2:].split()
+        state, ticks = fields[0], int(fields[11]) + int(fields[12])  # utime + stime
+        if state in ("Z", "X"):
+            self.at = float("-inf")
+        elif state in ("R", "D") or (self.ticks is not None and ticks != self.ticks):
+            self.at = now
+        self.ticks = ticks
+        return now - self.at
+
+
 def stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP, a debugger)."""
     return proc_state(pid) in ("T", "t")
@@ -224,6 +261,10 @@ class Watched:
         self.ended = False
         self.stopped_since: float | None = None
         self.fd = _pidfd(pid)
+        self.activity = Activity(pid, time.monotonic(), active=True)
+        # Gone before this process first looked (a zombie, or reaped): when it ended, against the
+        # others that did, is unknown.
+        self.seen_alive = not gone(pid)
 
     def gone(self) -> bool:
         if self.ended:
@@ -256,6 +297,10 @@ class Sentinel:
         self.registered: set[int] = set()
         self.all_came = False  # every rank of the node registered ("watching" written)
         self.job_size = 0  # the job's size, when every rank runs on this node
+        size = next((int(os.environ[n]) for n in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+                     if os.environ.get(n, "").isdigit()), 0)  # the rank that started this process
+        if size == local_ranks:
+            self.job_size = size
         # (one already gone, e.g. killed while this process started, is handled as it ends)
         self.launchers = [Watched(-1, pid, name) for name, pid in (launchers or [])]
         self.failed = False
@@ -351,15 +396,47 @@ class Sentinel:
                 return []  # a live child not told apart yet (not yet executed, on a loaded node): it may be one
         return sorted(set(range(self.job_size)) - set(self.watched))
 
+    def lost_unwatched(self) -> list[int]:
+        """Ranks that ended before this process could watch them: never seen (where the node holds
+        the whole job), or already gone at the first look; which of them ended first is unknown."""
+        early = [r for r, w in self.watched.items() if not w.seen_alive and not self.has(f"rank-{r}.end")]
+        return sorted(set(self.unseen_ranks()) | set(early))
+
+    def say_lost(self, lost: list[int]) -> None:
+        if len(lost) == 1:
+            self.say(f"mpifc: rank {lost[0]} ended without a word as it started (killed by a signal, or its "
+                     f"process exited); ending the job")
+        else:
+            self.say(f"mpifc: ranks {', '.join(map(str, lost))} ended without a word as the job started, before "
+                     f"the node sentinel could watch them (killed by a signal, or their process exited; the first "
+                     f"to end made the launcher end the others, and which one it was is unknown); ending the job")
+
+    def check_abandoned(self) -> None:
+        """Before every rank of the node came: no rank of the node is left running (the launcher
+        ended them, or is gone), so none will come; ends the job naming what is known."""
+        if self.failed or self.all_came or not self.launchers or time.monotonic() - self.started < UNSEEN_GRACE_S:
+            return
+        if any(not w.ended and not w.gone() for w in self.watched.values()):
+            return
+        daemon = self.launchers[0]
+        if not (daemon.ended or daemon.gone()) and any(
+                proc_state(pid) not in (None, "Z", "X") for pid in children(daemon.pid)):
+            return
+        lost = self.lost_unwatched()
+        if lost and not self.reported():
+            self.say_lost(lost)
+        elif not self.reported():
+            self.say("mpifc: the ranks of this node ended as the job started, before the node sentinel could "
+                     "watch them (killed by a signal, or their process exited); ending the job")
+        self.end_job()
+
     def check_unseen(self) -> None:
         """Ranks that ended before this process first looked: ends the job naming them."""
         if self.failed or self.all_came or time.monotonic() - self.started < UNSEEN_GRACE_S:
             return
         unseen = self.unseen_ranks()
         if unseen and not self.reported():
-            who = f"rank {unseen[0]}" if len(unseen) == 1 else "ranks " + ", ".join(map(str, unseen))
-            self.say(f"mpifc: {who} ended without a word as it started (killed by a signal, or its process "
-                     f"exited); ending the job")
+            self.say_lost(self.lost_unwatched())
             self.end_job()
 
     def _forget(self, w: Watched) -> None:
@@ -442,13 +519,14 @@ class Sentinel:
             if self.reported():
                 self.end_job(REPORTED_GRACE_S)
                 return
-            lost, when = [w.rank], f"in phase {self.phase(w.rank)!r}"
-            unseen = self.unseen_ranks()
-            if unseen:  # they ended before this process could watch them: before this one
-                lost, when = unseen, "as it started"
-            who = f"rank {lost[0]}" if len(lost) == 1 else "ranks " + ", ".join(map(str, lost))
-            self.say(f"mpifc: {who} ended without a word {when} (killed by a signal, or its process exited); "
-                     f"ending the job")
+            # Ranks that ended before this process could watch them ended before this one (if it
+            # was seen alive), or with it in an order nobody saw.
+            lost = self.lost_unwatched()
+            if lost:
+                self.say_lost(lost)
+            else:
+                self.say(f"mpifc: rank {w.rank} ended without a word in phase {self.phase(w.rank)!r} (killed by a "
+                         f"signal, or its process exited); ending the job")
             self.end_job()
             return
         # The daemon ends after its ranks, and mpiexec after its daemon: one that ends while a
@@ -504,16 +582,17 @@ class Sentinel:
                 return
 
     def check_silent(self) -> None:
-        """Ranks before their MPI heartbeats whose beacon stays stale for the limit, and ranks
+        """Ranks before their MPI heartbeats that show no sign of life for the limit (their
+        beacon stays stale, and their process does no work: see :class:`Activity`), and ranks
         that never registered."""
         if self.failed:
             return
-        wall = time.time()
+        wall, now = time.time(), time.monotonic()
         for rank, w in sorted(self.watched.items()):
             if w.ended or self.has(f"rank-{rank}.up") or self.has(f"rank-{rank}.ready"):
                 continue  # inside MPI_Init (no beacon), or judged by its MPI peers
             try:
-                age = wall - os.stat(self.path(f"rank-{rank}")).st_mtime
+                age = min(wall - os.stat(self.path(f"rank-{rank}")).st_mtime, w.activity.idle_for(now))
             except OSError:
                 continue
             if age > self.limit - self.period:
@@ -617,6 +696,7 @@ class Sentinel:
                 self.check_stopped(now)
                 self.check_silent()
                 self.check_unseen()
+                self.check_abandoned()
         self.cleanup()
 
 
@@ -630,12 +710,13 @@ def main(argv: list[str]) -> int:
     # A rank may start this process with signals blocked for its own signal thread.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C on the terminal is for the ranks
-    try:
+    sentinel = Sentinel(folder, limit, local_ranks, launchers)
+    sentinel.scan()
+    try:  # written once this process watches: what ends from here on, it sees end
         with open(os.path.join(folder, "sentinel.pid"), "w", encoding="utf-8") as f:
             f.write(str(os.getpid()))
     except OSError:
         pass
-    sentinel = Sentinel(folder, limit, local_ranks, launchers)
 
     def terminated(signum: int, frame: object) -> None:
         # The job is being ended from outside (scancel, a batch system's time limit): the ranks

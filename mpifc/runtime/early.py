@@ -1,0 +1,222 @@
+"""The first thing the ``mpifc`` command does under a launcher, before any other import.
+
+A rank killed, frozen or signalled while Python still imports the command can be named only by
+a process that watches it from outside, and only from the moment that process looks: the node
+sentinel (:mod:`mpifc.runtime.sentinel`). So the command's first lines (:mod:`mpifc.cli`) call
+:func:`take`, which uses the standard library's ``os`` and ``signal`` alone, and:
+
+* blocks SIGINT, SIGTERM and SIGUSR1 in the main thread, so that a Ctrl-C or a ``kill`` that
+  comes while the command imports stays pending for the signal thread
+  (:mod:`mpifc.runtime.signals`) instead of raising ``KeyboardInterrupt`` in an import or
+  ending the process without a word;
+* finds the node folder (named after the launcher daemon the ranks descend from and its start
+  time), creates it if it is the node's first rank and starts the sentinel with
+  ``posix_spawn`` in a session of its own; then registers the rank (``rank-R``: its process id).
+
+What remains unwatched is the interpreter's own start (before the command's first line runs)
+and the sentinel's (until its first look at the launcher's children): a rank killed there takes
+the other ranks with it (the launcher kills them with SIGKILL within milliseconds), and no
+process of the job is left that saw it go.
+"""
+from __future__ import annotations
+
+import os
+
+LAUNCHER_PROCESSES = ("hydra_pmi_proxy", "orted", "prted", "slurmstepd")
+"""Process names of the launchers' per-node daemons that start the ranks."""
+LAUNCHER_COMMANDS = ("mpiexec", "mpirun", "prterun", "orterun")
+"""Names (prefixes) of the commands a user runs that start those daemons (``mpiexec.hydra`` too)."""
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+"""Variables that launchers set to this process's rank."""
+
+DEFAULT_LIMIT_S = 10.0
+"""The default ``--liveness``, seconds (:mod:`mpifc.runtime.liveness`)."""
+
+_started: dict[str, object] = {}  # what take() did: folder, sentinel pid
+
+
+def env_rank(environ=None) -> int | None:
+    """This process's rank as the launcher put it in the environment, if any (MPI not needed)."""
+    env = os.environ if environ is None else environ
+    for name in RANK_VARIABLES:
+        v = env.get(name)
+        if v is not None and v.isdigit():
+            return int(v)
+    return None
+
+
+def _stat_fields(pid: int) -> tuple[str, list[str]] | None:
+    """``(comm, fields after comm)`` of ``/proc/<pid>/stat``, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    lo, hi = text.find("("), text.rfind(")")
+    if lo < 0 or hi < 0:
+        return None
+    return text[lo + 1: hi], text[hi + 2:].split()
+
+
+def launcher_process(max_depth: int = 6) -> tuple[int, str] | None:
+    """``(pid, start time)`` of the nearest ancestor that is a launcher daemon, or None.
+
+    Walks up from the parent, so wrappers between the daemon and the rank (``timeout``, a
+    shell) do not matter.
+    """
+    pid = os.getppid()
+    for _ in range(max_depth):
+        if pid <= 1:
+            return None
+        info = _stat_fields(pid)
+        if info is None:
+            return None
+        comm, rest = info
+        if comm in LAUNCHER_PROCESSES:
+            return pid, rest[19]  # field 22 of stat: start time in clock ticks since boot
+        pid = int(rest[1])
+    return None
+
+
+def launcher_chain(daemon: int) -> list[tuple[str, int]]:
+    """``[(name, pid)]`` of the launcher processes to watch: the per-node daemon ``daemon``, then
+    its parent if that is the ``mpiexec`` the user ran (on this node)."""
+    info = _stat_fields(daemon)
+    if info is None:
+        return []
+    chain = [(info[0], daemon)]
+    parent = int(info[1][1])
+    up = _stat_fields(parent) if parent > 1 else None
+    if up is not None and up[0].startswith(LAUNCHER_COMMANDS):
+        chain.append((up[0], parent))
+    return chain
+
+
+def _tasks_on_node(spec: str, node: int) -> int | None:
+    """Slurm's ``SLURM_STEP_TASKS_PER_NODE`` (e.g. ``"4(x2),3"``) for node index ``node``."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        n, _, rep = part.partition("(x")
+        try:
+            counts += [int(n)] * (int(rep.rstrip(")")) if rep else 1)
+        except ValueError:
+            return None
+    return counts[node] if 0 <= node < len(counts) else None
+
+
+def local_rank_count(environ=None) -> int | None:
+    """How many ranks the launcher started on this node, from its environment, or None."""
+    env = os.environ if environ is None else environ
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        v = env.get(name, "")
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+    spec, node = env.get("SLURM_STEP_TASKS_PER_NODE"), env.get("SLURM_NODEID", "")
+    if spec and node.isdigit():
+        return _tasks_on_node(spec, int(node))
+    return None
+
+
+def base_folder() -> str:
+    """Where node folders live: ``/dev/shm`` where it is writable, else the temp folder."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def node_folder(launcher: tuple[int, str]) -> str:
+    """The node folder of the job whose launcher daemon is ``(pid, start time)``."""
+    pid, start = launcher
+    return os.path.join(base_folder(), f"mpifc-{os.getuid()}-{pid}-{start}")
+
+
+def liveness_in(argv: list[str], default_s: float) -> float:
+    """The ``--liveness`` of a command line (``default_s`` if absent or not a positive number)."""
+    limit = default_s
+    for i, a in enumerate(argv):
+        text = a.split("=", 1)[1] if a.startswith("--liveness=") else (argv[i + 1] if a == "--liveness" and
+                                                                       i + 1 < len(argv) else None)
+        if text is not None:
+            try:
+                limit = float(text) if float(text) > 0 else default_s
+            except ValueError:
+                pass
+    return limit
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file beside it (a reader sees all of it or none)."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def keep_descriptors() -> None:
+    """Let no descriptor of this process but standard input, output and error pass to a program
+    it starts (the launcher's PMI socket is the rank's alone)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
+
+
+def start_sentinel(folder: str, limit_s: float, local_ranks: int, launchers: list[tuple[str, int]]) -> int:
+    """Start the node sentinel on ``folder`` in a session of its own (the launcher's kill of the
+    ranks must not reach it), with this rank's standard error (call :func:`keep_descriptors`
+    first); returns its process id."""
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py")
+    return os.posix_spawn(
+        sys.executable, [sys.executable, "-I", "-S", script, folder, repr(float(limit_s)), str(local_ranks),
+                         *(f"{name}:{pid}" for name, pid in launchers)],
+        os.environ, setsid=True, setsigmask=set(),
+        file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                      (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+
+
+def take(argv: list[str], default_limit_s: float) -> str | None:
+    """Under a launcher, at once: hold SIGINT, SIGTERM and SIGUSR1 for the signal thread, meet
+    the node (starting its sentinel if this is the node's first rank) and register this rank;
+    returns the node folder (None where there is no launcher to find). Once per process."""
+    if "folder" in _started:
+        return _started["folder"]  # type: ignore[return-value]
+    rank = env_rank()
+    if rank is None:
+        return None
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
+    _started["folder"] = None
+    local, launcher = local_rank_count(), launcher_process()
+    if local is None or launcher is None:
+        return None
+    folder = node_folder(launcher)
+    limit = liveness_in(argv, default_limit_s)
+    chain = launcher_chain(launcher[0])
+    keep_descriptors()
+    try:  # the folder's first rank starts the sentinel at once: a folder nobody watches stays behind
+        os.mkdir(folder, 0o700)
+        _started["sentinel"] = start_sentinel(folder, limit, local, chain)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        write_atomic(os.path.join(folder, f"rank-{rank}"), str(os.getpid()))
+    except OSError:
+        return None
+    _started["folder"] = folder
+    return folder
+
+
+def sentinel_started() -> int | None:
+    """The process id of the sentinel :func:`take` started, or None."""
+    pid = _started.get("sentinel")
+    return pid if isinstance(pid, int) else None
