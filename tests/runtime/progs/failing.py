@@ -88,7 +88,7 @@ if __name__ == "__main__":
     elif mode == "usererror":
         run_job(make_raiser(bad, UserError))
     elif mode == "deadline":
-        run_job(deadline_main, deadline=1.0)
+        run_job(deadline_main, deadline=4.0)
     elif mode in ("deadlock", "sendlock", "busy"):
         sys.exit(run_job({"deadlock": deadlock_main, "sendlock": sendlock_main, "busy": busy_main}[mode],
                          liveness=1.0))
