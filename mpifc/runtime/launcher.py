@@ -7,6 +7,8 @@ size there above 1 while ``COMM_WORLD`` has size 1 gives the mismatch away.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Mapping
 
 from mpifc.errors import UserError
@@ -48,6 +50,34 @@ def launcher_size(environ: Mapping[str, str] | None = None) -> tuple[str, int] |
         if n > 1:
             return name, n
     return None
+
+
+NETMOD_VARIABLE = "MPIR_CVAR_CH4_NETMOD"
+BUNDLED_LIBFABRIC = Path("lib", "mpich", "libfabric.so.1")
+"""Where the ``mpich`` wheel keeps the libfabric of its ``ofi`` network module, under the venv."""
+
+
+def prefer_light_netmod(environ: dict[str, str] | None = None, prefix: str = sys.exec_prefix) -> bool:
+    """Before ``MPI_Init``: in a job whose ranks all run on this node, under the ``mpich`` wheel's
+    own ``mpiexec``, have MPICH start its ``ofi`` network module instead of ``ucx``; True if so.
+
+    Ranks on one node talk through shared memory, yet MPICH starts a network module too, and the
+    wheel's default (UCX) costs each rank about twice the CPU time of ``ofi`` in ``MPI_Init``
+    (measured on 64 ranks sharing 2 cores: 0.09-0.10 against 0.04 CPU-s per rank, 3.5 against
+    1.5 s of wall time in ``MPI_Init``). Nothing changes where the user set the network module,
+    where mpi4py is pointed at another MPI library, where the job spans several nodes, or where
+    the venv holds no bundled libfabric (a site MPI: naming a network module it was built
+    without makes MPICH fail)."""
+    env = os.environ if environ is None else environ
+    if NETMOD_VARIABLE in env or env.get("MPI4PY_LIBMPI"):
+        return False
+    size, local = env.get("PMI_SIZE", ""), env.get("MPI_LOCALNRANKS", "")
+    if not (size.isdigit() and size == local and int(size) > 1):
+        return False
+    if not (Path(prefix) / BUNDLED_LIBFABRIC).is_file():
+        return False
+    env[NETMOD_VARIABLE] = "ofi"
+    return True
 
 
 def check_launcher_matches(world_size: int, environ: Mapping[str, str] | None = None) -> None:

@@ -18,3 +18,23 @@ def test_matching_or_absent_launcher_is_fine():
     check_launcher_matches(1, {"PMI_SIZE": "1"})
     check_launcher_matches(1, {})
     assert launcher_size({"PMI_SIZE": "junk", "OMPI_COMM_WORLD_SIZE": "2"}) == ("OMPI_COMM_WORLD_SIZE", 2)
+
+
+def test_a_one_node_job_under_the_bundled_mpich_starts_the_ofi_netmod(tmp_path):
+    from mpifc.runtime.launcher import BUNDLED_LIBFABRIC, NETMOD_VARIABLE, prefer_light_netmod
+
+    venv = tmp_path / "venv"
+    (venv / BUNDLED_LIBFABRIC).parent.mkdir(parents=True)
+    (venv / BUNDLED_LIBFABRIC).touch()
+    one_node = {"PMI_SIZE": "8", "MPI_LOCALNRANKS": "8"}
+    env = dict(one_node)
+    assert prefer_light_netmod(env, str(venv)) and env[NETMOD_VARIABLE] == "ofi"
+    # Left alone: the user's choice, another MPI library, several nodes, one rank, a site MPI.
+    for env, prefix in (({**one_node, NETMOD_VARIABLE: "ucx"}, venv),
+                        ({**one_node, "MPI4PY_LIBMPI": "/opt/mpi/lib/libmpi.so"}, venv),
+                        ({"PMI_SIZE": "16", "MPI_LOCALNRANKS": "8"}, venv),
+                        ({"PMI_SIZE": "1", "MPI_LOCALNRANKS": "1"}, venv),
+                        ({}, venv),
+                        (dict(one_node), tmp_path / "site")):
+        before = dict(env)
+        assert not prefer_light_netmod(env, str(prefix)) and env == before
