@@ -1,6 +1,8 @@
-"""Detect an ``mpiexec`` that does not match the MPI library mpi4py loaded.
+"""What the launcher tells a rank before MPI starts: its rank and job size, an ``mpiexec`` that
+does not match the MPI library mpi4py loaded, and MPICH settings for a job on one node
+(:func:`tune_one_node_mpich`).
 
-Such a launcher starts N independent singleton jobs of size 1 instead of one job of N ranks: every
+A mismatched launcher starts N independent singleton jobs of size 1 instead of one job of N ranks: every
 process then believes it is rank 0 of 1. Launchers leave their job size in the environment, so a
 size there above 1 while ``COMM_WORLD`` has size 1 gives the mismatch away.
 """
