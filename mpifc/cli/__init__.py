@@ -89,8 +89,11 @@ def _load(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), func)
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The top-level parser and each subcommand's parser by name."""
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's parser by name.
+
+    ``only``: the subcommand being run; the others are listed with their help line but get no
+    flags, so their modules are not imported (every rank of a job parses its command line)."""
     parser = argparse.ArgumentParser(
         prog="mpifc", formatter_class=HelpFormatter,
         description="Federated probabilistic circuits on MPI. Prepare shards with `python -m data_prep`, "
@@ -103,6 +106,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     subs = {}
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help, formatter_class=HelpFormatter)
+        if only is not None and name != only:
+            continue
         if name not in NOT_CONFIGURABLE:
             p.add_argument("--config", metavar="FILE",
                            help="TOML file whose keys mirror these flags (flags on the command line win)")
@@ -126,9 +131,10 @@ def _config_path(argv: list[str]) -> str | None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse ``argv``; values from ``--config`` fill in flags not given on the command line."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, subs = build_parser()
-    command = _command_in(argv, subs)
+    command = _command_in(argv, COMMANDS)
     path = _config_path(argv) if command is not None and command not in NOT_CONFIGURABLE else None
+    # A config file is checked against every subcommand's flags, so it needs them all.
+    parser, subs = build_parser(None if path or command is None else command)
     if path:
         from mpifc.cli.config import config_defaults
 

@@ -170,7 +170,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
         faults.load()
         from mpifc.runtime import node as node_mod
         from mpifc.runtime import signals
-        from mpifc.runtime.launcher import launcher_size
+        from mpifc.runtime.launcher import launcher_size, tune_one_node_mpich
         from mpifc.runtime.roles import Roles
 
         rank0 = env_rank()
@@ -204,6 +204,7 @@ def run_job(main: Callable[[JobContext], int | None], *, config: dict[str, Any] 
             node.mark("ready")
         # Where a job still ends through MPI_Abort, MPICH adds a line of its own unless told not to.
         os.environ.setdefault("MPIR_CVAR_SUPPRESS_ABORT_MESSAGE", "1")
+        tune_one_node_mpich()
 
         from mpi4py import MPI
 
