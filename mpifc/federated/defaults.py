@@ -14,16 +14,8 @@ LearnSPN (the only learner with adapted keys, :data:`ADAPTED_KEYS`; the others k
 defaults), for a PC of ``n`` rows and ``d`` columns:
 
 * every column discrete or categorical (binary sets, codes) -> the G-test column split
-  (``col_split="gtest"``). Its level depends on the rows (:func:`gtest_pvalue`): from
-  :data:`GTEST_MANY_ROWS` rows, 5 % over each column's ``d - 1`` pairwise tests
-  (``gtest_pvalue = 0.05 / (d - 1)``: a column is joined to the others by chance with
-  probability at most 5 %); on fewer, 5 % over all ``d (d - 1) / 2`` pairs (no chance edge
-  anywhere, with probability 95 %). The looser level keeps the weak but real dependencies of
-  wide, sparse sets, which the all-pairs level (4e-7 at 500 columns) cuts: on DEBD's EachMovie
-  (4,524 rows, 500 columns) validation LL -57.6 per row against -58.3. Each chance edge it
-  lets in (about ``0.05 d / 2`` per slice) costs a row split instead of a product, which a PC
-  with few rows cannot afford: on DEBD's DNA (1,600 rows, 180 columns) the per-column level
-  loses 2.9 nats per row on validation rows. The test's critical value is about the
+  (``col_split="gtest"``) at a family-wise level of 5 % over the PC's ``d (d - 1) / 2`` pairwise
+  tests (``gtest_pvalue = 0.05 / (d (d - 1) / 2)``). The test's critical value is about the
   rows, so weak dependencies count on many rows and chance ones on few; the test itself stops
   the splitting where nothing is significant, so slices stop at ``min_instances_slice = 50``
   rows (a quarter of the PC's rows when fewer). One k-means restart per row split
@@ -94,8 +86,7 @@ ADAPTED_KEYS = {"learnspn": ("col_split", "gtest_pvalue", "threshold", "min_inst
 """Per learner, the hyperparameters the adaptive rule may set (all others: the learner's own)."""
 
 FAMILY_WISE_LEVEL = 0.05
-"""Probability that a G-test column split joins a column to independent ones by chance
-(Bonferroni over the column's pairwise tests)."""
+"""Probability that a G-test column split joins two independent columns by chance (Bonferroni)."""
 
 GTEST_MIN_SLICE = 50
 """Rows below which a G-test LearnSPN slice is factorised (at most a quarter of the PC's rows)."""
@@ -118,19 +109,11 @@ RDC_ALPHA = 0.01
 _RDC_KEYS = ("threshold", "rdc_k", "rdc_ties")
 
 
-GTEST_MANY_ROWS = 64 * GTEST_MIN_SLICE
-"""Rows (3,200: six halvings above the smallest slice) from which a G-test PC splits
-:data:`FAMILY_WISE_LEVEL` over each column's tests instead of over all pairs (:func:`gtest_pvalue`)."""
-
-
-def gtest_pvalue(n_columns: int, n_rows: int = GTEST_MANY_ROWS) -> float:
-    """The G-test level of a PC of ``n_columns`` columns and ``n_rows`` rows:
-    :data:`FAMILY_WISE_LEVEL` split evenly over each column's ``n_columns - 1`` pairwise tests
-    from :data:`GTEST_MANY_ROWS` rows, over all ``n_columns (n_columns - 1) / 2`` pairs on
-    fewer (at most :data:`FAMILY_WISE_LEVEL`)."""
-    d = int(n_columns)
-    tests = d - 1 if int(n_rows) >= GTEST_MANY_ROWS else d * (d - 1) // 2
-    return FAMILY_WISE_LEVEL / max(1, tests)
+def gtest_pvalue(n_columns: int) -> float:
+    """The G-test level of a ``n_columns``-column PC: :data:`FAMILY_WISE_LEVEL` split evenly over
+    its ``n_columns (n_columns - 1) / 2`` pairwise tests (at most :data:`FAMILY_WISE_LEVEL`)."""
+    pairs = max(1, int(n_columns) * (int(n_columns) - 1) // 2)
+    return FAMILY_WISE_LEVEL / pairs
 
 
 def column_split(meta_types: Sequence[str], explicit: Mapping[str, Any]) -> str:
@@ -159,7 +142,7 @@ def learnspn_defaults(n_rows: int, meta_types: Sequence[str], holds_target: bool
     n = max(int(n_rows), 1)
     out: dict[str, Any] = {"col_split": column_split(meta_types, explicit)}
     if out["col_split"] == "gtest":
-        out["gtest_pvalue"] = gtest_pvalue(len(meta_types), n)
+        out["gtest_pvalue"] = gtest_pvalue(len(meta_types))
         out["min_instances_slice"] = max(2, min(GTEST_MIN_SLICE, n // 4))
         out["n_init"] = GTEST_N_INIT
     else:
@@ -303,7 +286,7 @@ def default_clusters(n_clients: int, n_subspaces: int, holds_target: bool, glue:
 RULE_HELP = (
     "Hyperparameters not given follow the adaptive rule (--preset adaptive, the default; "
     "mpifc.federated.defaults), per client PC of n rows and d columns: LearnSPN on all-discrete "
-    "columns uses the G-test at p = 0.05 / (d-1) from 3,200 rows, 0.05 / (d(d-1)/2) on fewer, min_instances_slice min(50, n/4), one k-means "
+    "columns uses the G-test at p = 0.05 / (d(d-1)/2), min_instances_slice min(50, n/4), one k-means "
     "restart; with any real column the RDC at threshold 0.3, min_instances_slice = n/10 clipped to "
     "[10, 100], histogram leaves for real columns with a point mass (a value on >= 5% of the rows), "
     "Gaussians otherwise, alpha 0.01; a PC holding the target chooses, by macro F1 on held-out "
