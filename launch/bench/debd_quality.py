@@ -35,10 +35,11 @@ slices of 50 rows, alpha 1, one k-means run):
   dna         180   1600     -82.52   -82.524  -0.0%      2.4
   retail      135  22041     -11.04   -10.956  +0.8%      2.4
   eachmovie   500   4524     -52.49   -53.842  -2.6%      2.6
+  20ng        910  11293    -155.93  -153.493  +1.6%     10.8
 
 The G-test level decides most of the gap. Over each column's d - 1 tests (0.05 / (d - 1))
-instead of all pairs, the same run gave plants -12.999, audio -40.151, jester -53.078 (CPU
-1.2-1.5x), but EachMovie -55.076 (seed 0 in process: -52.95, seed 1: -54.32; all pairs:
+instead of all pairs, the same run gave plants -12.999, audio -40.151, jester -53.078, 20ng
+-152.519 (CPU 1.2-1.6x), but EachMovie -55.076 (seed 0 in process: -52.95, seed 1: -54.32; all pairs:
 -53.97 and -53.82: under the looser level EachMovie's LL swings with the k-means seed) and,
 on DNA (1,600 rows, in process), validation LL -85.65 against -82.72.
 
