@@ -43,6 +43,14 @@ the G-test column split. SPFlow's ordinal ties make independent sparse binary co
 dependent (two independent Bernoulli(0.05) columns, n = 5000: RDC 0.956; the faithful RDC
 0.003), so it rarely splits columns on binary data and builds a deep mixture of factorised leaves.
 
+Measured 2026-11-28 on 2 shared cores, ``OMP_NUM_THREADS=1`` (ours: median of 3; 1-minute load
+at the row's end):
+
+  case         ours wall / cpu   ours LL   SPFlow wall / cpu   SPFlow LL   x wall   x cpu   load
+  nltcs          1.68 s / 1.51    -6.078     319.4 s / 215.3      -6.179      190     142    7.9
+  breast-200     0.13 s / 0.04   -32.586      41.7 s /  24.2     -32.840      322     551    5.1
+  breast-100     0.08 s / 0.08   -29.678      72.3 s /  63.8     -31.498      895     797    3.0
+
 Usage: python launch/bench/circuit_learnspn.py [--repeat 3] [--cases nltcs,breast-200,...]
        [--no-spflow] [--spflow-timeout 1800] [--plants-timeout 600] [--data-dir DIR]
 """
