@@ -686,8 +686,10 @@ def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Seque
         if u is None:
             f = np.matmul(xt[c0:c1], proj[c0:c1], out=feats[c0:c1])
         else:
-            # u * p0 + p1: the two-term product the matmul of (u, 1) forms (the same roundings:
-            # the unit term's product is exact), at a third of its cost
+            # u * p0 + p1: the two-term product the matmul of (u, 1) forms; the unit term's
+            # product is exact, and OpenBLAS's K = 2 kernel rounds the sum as numpy does (equal
+            # bit for bit; the pinned model fingerprints of launch/bench/circuit_learnspn.py
+            # show it), without the (d, n, 2) inputs
             f = np.multiply(u[c0:c1, :, None], proj[c0:c1, :1], out=feats[c0:c1])
             f += proj[c0:c1, 1:2]
         np.sin(f, out=f)
