@@ -20,6 +20,7 @@ shared machine's load inflates far less). Ours: median of ``--repeat`` runs in t
 SPFlow: one run in a subprocess, so that it can be stopped. ``x faster`` is SPFlow's seconds
 over ours (``>``: a lower bound, SPFlow stopped at its limit: its seconds so far over ours).
 ``LL ok``: ours at least SPFlow's test LL. ``load``: the 1-minute load average as the row ends.
+``model``: whether ours' model is bit for bit the pinned one (:data:`FINGERPRINTS`).
 
 SPFlow 1.1.0 is patched *inside its worker process only* (site-packages is never edited):
 
@@ -41,6 +42,14 @@ under which two-valued columns score ``|Pearson|``, k = 10, three k-means restar
 the G-test column split. SPFlow's ordinal ties make independent sparse binary columns look
 dependent (two independent Bernoulli(0.05) columns, n = 5000: RDC 0.956; the faithful RDC
 0.003), so it rarely splits columns on binary data and builds a deep mixture of factorised leaves.
+
+Measured 2026-11-28 on 2 shared cores, ``OMP_NUM_THREADS=1`` (ours: median of 3; 1-minute load
+at the row's end):
+
+  case         ours wall / cpu   ours LL   SPFlow wall / cpu   SPFlow LL   x wall   x cpu   load
+  nltcs          1.68 s / 1.51    -6.078     319.4 s / 215.3      -6.179      190     142    7.9
+  breast-200     0.13 s / 0.04   -32.586      41.7 s /  24.2     -32.840      322     551    5.1
+  breast-100     0.08 s / 0.08   -29.678      72.3 s /  63.8     -31.498      895     797    3.0
 
 Usage: python launch/bench/circuit_learnspn.py [--repeat 3] [--cases nltcs,breast-200,...]
        [--no-spflow] [--spflow-timeout 1800] [--plants-timeout 600] [--data-dir DIR]
@@ -73,6 +82,11 @@ CASES: dict[str, dict[str, Any]] = {
     "plants-1000": dict(data="plants", rows=1000, min_instances_slice=200, goal=100),
     "plants": dict(data="plants", min_instances_slice=200, goal=100, capped=True),
 }
+
+FINGERPRINTS = {"nltcs": "39f6bc12ce3e7f63", "breast-200": "f66b3f780f140285", "breast-100": "db271e351f4ff679",
+                "plants-1000": "48df73d27782960f"}
+"""Per case, :func:`fingerprint` of ours' like-for-like model (seed 0): a change that only makes
+the learner faster keeps it (the ``same`` column); a change of the model shows ``CHANGED``."""
 
 LIKE_FOR_LIKE = dict(rdc_ties="ordinal", rdc_k=20, n_init=1)
 """Ours with SPFlow's RDC convention and its one k-means run per row split."""
@@ -108,6 +122,25 @@ def load_case(case: str, debd: Path) -> tuple[np.ndarray, np.ndarray, list[str]]
     return tr, te, ["discrete"] * tr.shape[1]
 
 
+def fingerprint(root: Any) -> str:
+    """First 16 hex digits of a SHA-256 over the structure and every parameter of the circuit
+    ``root``, node by node in topological order (bit for bit: weights and leaf parameters as bytes)."""
+    import hashlib
+
+    from mpifc.circuit.graph import LeafNode, SumNode, topological_order
+
+    h = hashlib.sha256()
+    for node in topological_order(root):
+        if isinstance(node, LeafNode):
+            params = tuple((k, np.asarray(v).tobytes()) for k, v in sorted(node.dist.params().items()))
+            h.update(repr(("leaf", node.var, type(node.dist).__name__, params)).encode())
+        elif isinstance(node, SumNode):
+            h.update(repr(("sum", list(node.scope), len(node.children), np.asarray(node.weights).tobytes())).encode())
+        else:
+            h.update(repr(("product", list(node.scope), len(node.children))).encode())
+    return h.hexdigest()[:16]
+
+
 def run_ours(case: str, debd: Path, repeat: int, **settings: Any) -> dict[str, Any]:
     """Learn with mpifc ``repeat`` times (``settings`` over the shared ones); median wall and
     CPU seconds, test LL of the last model."""
@@ -130,7 +163,8 @@ def run_ours(case: str, debd: Path, repeat: int, **settings: Any) -> dict[str, A
         cpus.append(time.process_time() - c0)
     ll = model.log_likelihood(te)
     return dict(wall=statistics.median(walls), cpu=statistics.median(cpus), test_ll=float(ll.mean()),
-                nan=int(np.isnan(ll).sum()), nodes=count_nodes(model.root), rows=len(tr))
+                nan=int(np.isnan(ll).sum()), nodes=count_nodes(model.root), rows=len(tr),
+                fingerprint=fingerprint(model.root))
 
 
 def patch_spflow_rdc(spl: Any) -> None:
@@ -221,6 +255,12 @@ def run_spflow(case: str, debd: Path, timeout: float) -> dict[str, Any]:
     return dict(error=tail[:200])
 
 
+def _model_check(case: str, ours: dict[str, Any]) -> str:
+    """``same`` when ours' model has the case's :data:`FINGERPRINTS` entry, else ``CHANGED``."""
+    want = FINGERPRINTS.get(case)
+    return "-" if want is None else ("same" if ours["fingerprint"] == want else "CHANGED")
+
+
 def _ratio(theirs: dict[str, Any] | None, ours: dict[str, Any], key: str) -> tuple[str, float | None]:
     if not theirs or key not in theirs:
         return "-", None
@@ -241,7 +281,7 @@ def _seconds(r: dict[str, Any] | None) -> tuple[str, str, str]:
 
 
 HEADER = (f"{'case':<27}{'rows':>6}{'ours wall':>10}{'cpu':>8}{'ours LL':>9}{'SPFlow wall':>13}{'cpu':>9}"
-          f"{'SPFlow LL':>11}{'x faster wall':>14}{'cpu':>7}{'LL ok':>7}{'goal':>6}{'load':>6}")
+          f"{'SPFlow LL':>11}{'x faster wall':>14}{'cpu':>7}{'LL ok':>7}{'goal':>6}{'load':>6}{'model':>9}")
 
 
 def bench_learnspn(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -276,7 +316,7 @@ def bench_learnspn(args: argparse.Namespace) -> list[dict[str, Any]]:
         s_wall, s_cpu, s_ll = _seconds(theirs)
         print(f"{case:<27}{ours['rows']:>6}{ours['wall']:>10.2f}{ours['cpu']:>8.2f}{ours['test_ll']:>9.3f}"
               f"{s_wall:>13}{s_cpu:>9}{s_ll:>11}{wall_txt:>14}{cpu_txt:>7}{ll_ok:>7}{spec['goal']:>6}"
-              f"{os.getloadavg()[0]:>6.1f}", flush=True)
+              f"{os.getloadavg()[0]:>6.1f}{_model_check(case, ours):>9}", flush=True)
         rows.append(dict(case=case, ours=ours, spflow=theirs, ratio_wall=wall_r, ll_ok=ll_ok, goal=spec["goal"]))
     for label, (case, settings) in REFERENCES.items():
         if case not in cases:

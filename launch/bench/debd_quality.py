@@ -14,13 +14,46 @@ exactly with :func:`mpifc.circuit.learnspn.resmooth` (smoothing does not change 
 ``gap`` is (ours - published) / |published|: positive means ours is better; the target is
 ``gap >= -2%``.
 
+``--defaults``: no tuning; the eight sets through the documented default path instead, as a new
+user runs them -- ``python -m data_prep --dataset debd:SET --setting central --clients 1 --out DIR``
+(the set's validation rows kept out of training), ``mpiexec -n 2 python -m mpifc train DIR --seed 0
+--model M --json``, ``mpiexec -n 2 python -m mpifc evaluate DIR --model M --distributed --json``
+-- one table: set, columns, training rows, published LearnSPN, ours (test LL), gap, the train
+command's wall seconds and its critical-path CPU seconds (``train_seconds_critical_path``), and
+the 1-minute load average. ``--before DIR``: the same commands, in the same run and on the same
+shards, with the code of another checkout ``DIR`` (e.g. the main branch), side by side.
+
+Measured 2026-11-28 on 2 shared cores (1-minute load 12-47 from other jobs: compare CPU
+seconds, not wall), ``--defaults`` with this checkout's defaults (G-test at 0.05 / (d (d-1) / 2),
+slices of 50 rows, alpha 1, one k-means run):
+
+  set        cols   rows  published   test LL    gap   train CPU s
+  nltcs        16  16181      -6.11    -6.048  +1.0%      1.1
+  plants       69  17412     -12.97   -13.134  -1.3%      3.7
+  audio       100  15000     -40.50   -40.419  +0.2%      3.6
+  jester      100   9000     -53.48   -53.360  +0.2%      1.9
+  dna         180   1600     -82.52   -82.524  -0.0%      2.4
+  retail      135  22041     -11.04   -10.956  +0.8%      2.4
+  eachmovie   500   4524     -52.49   -53.842  -2.6%      2.6
+  20ng        910  11293    -155.93  -153.493  +1.6%     10.8
+
+The G-test level decides most of the gap. Over each column's d - 1 tests (0.05 / (d - 1))
+instead of all pairs, the same run gave plants -12.999, audio -40.151, jester -53.078, 20ng
+-152.519 (CPU 1.2-1.6x), but EachMovie -55.076 (seed 0 in process: -52.95, seed 1: -54.32; all pairs:
+-53.97 and -53.82: under the looser level EachMovie's LL swings with the k-means seed) and,
+on DNA (1,600 rows, in process), validation LL -85.65 against -82.72.
+
 Usage: python launch/bench/debd_quality.py [--quick] [--sets nltcs,plants] [--data-dir DIR]
+       python launch/bench/debd_quality.py --defaults [--before DIR] [--sets ...] [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,8 +65,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 DEFAULT_DEBD = REPO.parent / "shared" / "data" / "debd"
 
-PUBLISHED = {"nltcs": -6.11, "plants": -12.97, "audio": -40.50, "jester": -53.48, "dna": -82.52}
-FILES = {"audio": "baudio"}  # debd's file prefix where it differs from the set's name
+PUBLISHED = {"nltcs": -6.11, "plants": -12.97, "audio": -40.50, "jester": -53.48, "dna": -82.52,
+             "retail": -11.04, "eachmovie": -52.49, "20ng": -155.93}
+FILES = {"audio": "baudio", "retail": "tretail", "eachmovie": "tmovie", "20ng": "c20ng"}
+"""debd's file prefix where it differs from the set's name."""
 ALPHAS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -73,15 +108,86 @@ def tune(name: str, debd: Path, grid: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
+def _run(cmd: list[str], code: Path, timeout: float) -> tuple[str, float]:
+    """``cmd`` with ``code`` (a checkout's root) first on the import path; (stdout, wall seconds)."""
+    from grouprun import run_checked  # beside this script
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return run_checked(cmd, timeout, env, code)
+
+
+def default_flags(name: str, out: Path, code: Path, side: str, timeout: float) -> dict[str, Any]:
+    """One set through data_prep, ``mpifc train`` and ``mpifc evaluate`` on default flags, with the
+    code of the checkout ``code``; test LL, train wall and critical-path CPU seconds, load."""
+    from defaults import last_json as _last_json  # beside this script
+    shards = out / f"shards-{name}"
+    py = sys.executable
+    mpiexec = str(Path(py).parent / "mpiexec") if (Path(py).parent / "mpiexec").exists() else "mpiexec"
+    if not (shards / "manifest.json").is_file():
+        _run([py, "-m", "data_prep", "--dataset", f"debd:{FILES.get(name, name)}", "--setting", "central",
+              "--clients", "1", "--seed", "0", "--out", str(shards)], REPO, timeout)
+    model = out / f"{name}-{side}.h5"
+    text, wall = _run([mpiexec, "-n", "2", py, "-m", "mpifc", "train", str(shards), "--seed", "0", "--model",
+                       str(model), "--json"], code, timeout)
+    load = os.getloadavg()[0]
+    summary = _last_json(text)
+    text, _ = _run([mpiexec, "-n", "2", py, "-m", "mpifc", "evaluate", str(shards), "--model", str(model),
+                    "--distributed", "--json"], code, timeout)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    return {"test_ll": float(_last_json(text)["test_ll"]), "wall": wall, "load": load,
+            "cpu": float(summary["train_seconds_critical_path"]), "n_train": int(manifest["clients"][0]["n_train"])}
+
+
+def bench_defaults(args: argparse.Namespace, debd: Path) -> None:
+    """``--defaults``: the table of the module doc."""
+    out = Path(args.out or tempfile.mkdtemp(prefix="debd-defaults-"))
+    out.mkdir(parents=True, exist_ok=True)
+    before = Path(args.before).resolve() if args.before else None
+    names = args.sets.split(",")
+    head = f"{'set':<10}{'cols':>5}{'rows':>7}{'published':>10}"
+    if before:
+        head += f"{'before LL':>11}{'gap':>8}{'wall s':>8}{'cpu s':>7}"
+    head += f"{'ours LL':>10}{'gap':>8}{'wall s':>8}{'cpu s':>7}"
+    if before:
+        head += f"{'cpu x':>7}"
+    print(f"LearnSPN on default flags (central, 1 client; seed 0), ours = {REPO.name}; out {out}")
+    print(head + f"{'load':>7}", flush=True)
+    for name in names:
+        cols = load(name, "valid", debd).shape[1]
+        pub = PUBLISHED[name]
+        sides = ([("before", before)] if before else []) + [("after", REPO)]
+        res = {side: default_flags(name, out, code, side, args.timeout) for side, code in sides}
+        after = res["after"]
+        line = f"{name:<10}{cols:>5}{after['n_train']:>7}{pub:>10.2f}"
+        for side, _ in sides:
+            r = res[side]
+            line += f"{r['test_ll']:>{11 if side == 'before' else 10}.3f}{(r['test_ll'] - pub) / abs(pub):>+8.1%}"
+            line += f"{r['wall']:>8.1f}{r['cpu']:>7.2f}"
+        if before:
+            line += f"{after['cpu'] / res['before']['cpu']:>7.2f}"
+        print(line + f"{after['load']:>7.1f}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller grid (see above)")
     p.add_argument("--sets", type=str, default=",".join(PUBLISHED), help="comma-separated set names")
     p.add_argument("--data-dir", type=str, default=str(DEFAULT_DEBD))
+    p.add_argument("--defaults", action="store_true", help="default flags through the CLI (see above), no tuning")
+    p.add_argument("--before", type=str, default=None, metavar="DIR",
+                   help="--defaults: also run another checkout's code (its root) on the same shards")
+    p.add_argument("--out", type=str, default=None, metavar="DIR", help="--defaults: shards and models (default: a temp dir)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="--defaults: seconds per command")
     args = p.parse_args()
     debd = Path(args.data_dir)
     if not debd.exists():
         sys.exit(f"debd data not found at {debd} (use --data-dir)")
+    unknown = [n for n in args.sets.split(",") if n not in PUBLISHED]
+    if unknown:
+        sys.exit(f"--sets: unknown set {unknown[0]!r} (known: {', '.join(PUBLISHED)})")
+    if args.defaults:
+        bench_defaults(args, debd)
+        return
     import torch
 
     torch.set_num_threads(1)  # the evaluator's batches are small; threads only contend
@@ -90,8 +196,6 @@ def main() -> None:
     rows = []
     t_all = time.perf_counter()
     for name in args.sets.split(","):
-        if name not in PUBLISHED:
-            sys.exit(f"--sets: unknown set {name!r} (known: {', '.join(PUBLISHED)})")
         rows.append((name, tune(name, debd, grid)))
     print(f"\nLearnSPN (G-test, k-means k=2) on debd, tuned on valid; {'quick' if args.quick else 'full'} grid, "
           f"{time.perf_counter() - t_all:.0f} s total")

@@ -285,9 +285,10 @@ def _update(data: np.ndarray, old: np.ndarray, labels: np.ndarray) -> tuple[np.n
     return sums, np.sqrt(_unrolled_squared_sums(sums - old))
 
 
-def _lloyd(data: np.ndarray, centres: np.ndarray, tol: float) -> tuple[np.ndarray, float]:
+def _lloyd(data: np.ndarray, centres: np.ndarray, tol: float, inertia: bool = True) -> tuple[np.ndarray, float]:
     """One Lloyd run from ``centres``: labels ``(n,)`` int32 (each row's nearest centre, the
-    first one on ties) and inertia (summed squared distances to the assigned centres)."""
+    first one on ties) and inertia (summed squared distances to the assigned centres; ``inertia``
+    false: not computed, ``inf``, for a single run, which has nothing to be compared with)."""
     labels = np.full(data.shape[0], -1, dtype=np.int32)
     previous = labels.copy()
     distances = _Distances(data, centres.shape[0])
@@ -303,6 +304,8 @@ def _lloyd(data: np.ndarray, centres: np.ndarray, tol: float) -> tuple[np.ndarra
         previous[:] = labels
     if not strict:
         labels[:] = distances(centres).argmin(axis=0)
+    if not inertia:
+        return labels, math.inf
     per_row = _unrolled_squared_sums(data - centres[labels])
     return labels, float(np.cumsum(per_row)[-1])  # summed in row order
 
@@ -380,7 +383,7 @@ def kmeans_labels(x: np.ndarray, n_clusters: int, n_init: int, seed: int) -> np.
     best_labels, best_inertia = None, math.inf
     for _ in range(restarts):
         centres = _plusplus(data, k, norms, weights, random_state)
-        labels, inertia = _lloyd(data, centres, tol)
+        labels, inertia = _lloyd(data, centres, tol, restarts > 1)
         if best_labels is None or (inertia < best_inertia and not _same_partition(labels, best_labels)):
             best_labels, best_inertia = labels, inertia
     distinct = int(np.count_nonzero(np.bincount(best_labels, minlength=k)))

@@ -285,7 +285,7 @@ class _LeafMaker:
         from mpifc.circuit.leaves import Bernoulli
 
         alpha = self._p.leaf_kwargs.get("alpha", self._p.alpha)
-        n1 = np.count_nonzero(x[np.ix_(rows, cols)] == 1, axis=0).astype(np.float64)
+        n1 = np.count_nonzero(_block(x, rows, cols) == 1, axis=0).astype(np.float64)
         probs = (n1 + alpha) / (np.float64(len(rows)) + 2 * alpha)
         return [Bernoulli(float(q), alpha) for q in probs]
 
@@ -423,6 +423,14 @@ def _real_breaks(x: np.ndarray, cols: Sequence[int]) -> dict[int, np.ndarray]:
     return {j: out[j] for j in cols if j in out}
 
 
+def _block(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``x[np.ix_(rows, cols)]`` (``cols`` ascending, distinct); a row gather alone when ``cols``
+    is every column, about ten times cheaper than the outer-product index."""
+    if len(cols) == x.shape[1]:
+        return x.take(rows, axis=0)
+    return x[np.ix_(rows, cols)]
+
+
 def _constant_columns(block: np.ndarray, meta: Sequence[str]) -> np.ndarray:
     """Boolean mask of columns with one value (or, for real columns, numerically zero variance)."""
     lo, hi = block.min(0), block.max(0)
@@ -490,7 +498,7 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
         if len(cols) == 1:
             factorise(rows, cols, task.attach)
             continue
-        block = x[np.ix_(rows, cols)]
+        block = _block(x, rows, cols)
         const = _constant_columns(block, [meta[v] for v in cols])
         if const.any():
             if const.all():

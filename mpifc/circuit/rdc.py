@@ -659,8 +659,13 @@ def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Seque
     """Per column, its random features ``(d, n, kk)``, their means ``(d, kk)`` and whitening
     ``(d, kk, kk)``, from the same inputs, draws and formulas as :func:`_random_feature_rdc`."""
     n, d = data.shape
-    xt, widths = _projection_inputs(data, categorical, cards, ties)  # (d, n, width)
-    width = xt.shape[2]
+    if any(categorical):
+        xt, widths = _projection_inputs(data, categorical, cards, ties)  # (d, n, width)
+        u = None
+    else:
+        # Every input is (u, 1): the copula values alone, (d, n), no (d, n, 2) layout.
+        xt, widths, u = None, [2] * d, ecdf(data, ties).T
+    width = max(widths)
     proj = np.zeros((d, width, kk))
     gauss = rng.standard_normal((d, width, kk))
     cont = [j for j in range(d) if not categorical[j]]
@@ -678,7 +683,15 @@ def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Seque
     step = max(1, _FUSED_BYTES // (8 * kk * max(n, 1)))
     for c0 in range(0, d, step):
         c1 = min(d, c0 + step)
-        f = np.matmul(xt[c0:c1], proj[c0:c1], out=feats[c0:c1])
+        if u is None:
+            f = np.matmul(xt[c0:c1], proj[c0:c1], out=feats[c0:c1])
+        else:
+            # u * p0 + p1: the two-term product the matmul of (u, 1) forms; the unit term's
+            # product is exact, and OpenBLAS's K = 2 kernel rounds the sum as numpy does (equal
+            # bit for bit; the pinned model fingerprints of launch/bench/circuit_learnspn.py
+            # show it), without the (d, n, 2) inputs
+            f = np.multiply(u[c0:c1, :, None], proj[c0:c1, :1], out=feats[c0:c1])
+            f += proj[c0:c1, 1:2]
         np.sin(f, out=f)
         np.add.reduce(f, axis=1, out=sums[c0:c1])
         np.matmul(f.transpose(0, 2, 1), f, out=diag[c0:c1])

@@ -210,9 +210,22 @@ def split_rows(
     return first_appearance(labels)
 
 
+_FEW_LABELS = 16
+"""Largest label id up to which :func:`first_appearance` scans for each id's first row instead
+of sorting the labels."""
+
+
 def first_appearance(labels: np.ndarray) -> np.ndarray:
     """``labels`` renumbered ``0..m-1`` (int64) in the order their values first appear: ids
     compact, whatever the clustering's own numbering."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind in "iu" and labels.size and 0 <= labels.min() and labels.max() < _FEW_LABELS:
+        # few small ids (a row split's clusters): each one's first row by a scan, no sort
+        present = np.flatnonzero(np.bincount(labels))
+        first = np.array([np.argmax(labels == v) for v in present])
+        new = np.zeros(int(present[-1]) + 1, dtype=np.int64)
+        new[present] = np.argsort(np.argsort(first))
+        return new[labels]
     _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
     return np.argsort(np.argsort(first))[inverse].astype(np.int64)
 
