@@ -11,7 +11,8 @@ sentinel (:mod:`mpifc.runtime.sentinel`). So the command's first lines (:mod:`mp
   ending the process without a word;
 * finds the node folder (named after the launcher daemon the ranks descend from and its start
   time), creates it if it is the node's first rank and starts the sentinel with
-  ``posix_spawn`` in a session of its own; then registers the rank (``rank-R``: its process id).
+  ``posix_spawn`` and ``setsid``, apart from the ranks' process group; then registers the rank
+  (``rank-R``: its process id).
 
 What remains unwatched is the interpreter's own start (before the command's first line runs)
 and the sentinel's (until its first look at the launcher's children): a rank killed there takes
@@ -167,9 +168,9 @@ def keep_descriptors() -> None:
 
 
 def start_sentinel(folder: str, limit_s: float, local_ranks: int, launchers: list[tuple[str, int]]) -> int:
-    """Start the node sentinel on ``folder`` in a session of its own (the launcher's kill of the
-    ranks must not reach it), with this rank's standard error (call :func:`keep_descriptors`
-    first); returns its process id."""
+    """Start the node sentinel on ``folder`` with ``setsid``, apart from the ranks' process group
+    (the launcher's kill of the ranks must not reach it), with this rank's standard error (call
+    :func:`keep_descriptors` first); returns its process id."""
     import sys
 
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py")
