@@ -18,12 +18,17 @@ from mpifc.federated.one_pass import (
 
 
 def test_binary_pcs_get_the_gtest_at_a_family_wise_level():
+    # many rows: 5 % over each column's d - 1 tests
     hp = D.adaptive_hyperparameters("learnspn", 16181, ["discrete"] * 16, False)
-    assert hp == {"col_split": "gtest", "gtest_pvalue": 0.05 / 120, "min_instances_slice": 50, "n_init": 1}
+    assert hp == {"col_split": "gtest", "gtest_pvalue": 0.05 / 15, "min_instances_slice": 50, "n_init": 2}
+    # fewer rows: 5 % over all pairs
+    assert D.adaptive_hyperparameters("learnspn", 1600, ["discrete"] * 180, False)["gtest_pvalue"] == 0.05 / 16110
     # categorical columns count as discrete; few rows: a quarter of them per slice
     small = D.adaptive_hyperparameters("learnspn", 60, ["categorical", "discrete", "discrete"], False)
     assert small["col_split"] == "gtest" and small["gtest_pvalue"] == 0.05 / 3 and small["min_instances_slice"] == 15
     assert D.gtest_pvalue(1) == 0.05 and D.gtest_pvalue(180) == 0.05 / (180 * 179 // 2)
+    assert D.gtest_pvalue(180, 1999) == 0.05 / (180 * 179 // 2) and D.gtest_pvalue(180, 2000) == 0.05 / 179
+    assert D.gtest_pvalue(1, 10**6) == 0.05
 
 
 @pytest.mark.parametrize("n,mis", [(40, 10), (91, 10), (455, 46), (999, 100), (16000, 100)])

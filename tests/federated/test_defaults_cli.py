@@ -57,6 +57,7 @@ def test_paper_preset_without_a_table4_cell_is_a_clear_error(tmp_path):
 def test_help_states_the_rule():
     _, subs = build_parser()
     text = " ".join(subs["train"].format_help().split())
-    for phrase in ("0.05 / (d(d-1)/2)", "min_instances_slice = n/10 clipped to [10, 100]", "target_first",
+    for phrase in ("0.05 / (d-1) from 2,000 rows", "0.05 / (d(d-1)/2)",
+                   "min_instances_slice = n/10 clipped to [10, 100]", "target_first",
                    "--preset learner", "With --setting central shards"):
         assert phrase in text
