@@ -42,7 +42,7 @@ from mpifc.circuit.splitting import (
     split_rows,
     single_native_thread,
 )
-from mpifc.circuit.rdc import TIES as RDC_TIES, reuse_work_arrays
+from mpifc.circuit.rdc import TIES as RDC_TIES, WIDTHS as RDC_WIDTHS, reuse_work_arrays
 from mpifc.errors import UserError
 
 META_TYPES = ("real", "discrete", "categorical")
@@ -76,6 +76,7 @@ class LearnSPNParams:
     min_var: float = 1e-4
     rdc_k: int = 10
     rdc_ties: str = "max"
+    rdc_widths: str = "shared"
     n_init: int = 3
     cluster_first: bool = False
     class_column: int | None = None
@@ -140,6 +141,8 @@ def _check_inputs(data: Any, meta_types: Sequence[str], p: LearnSPNParams,
         raise UserError(f"learn_spn: leaf must be one of {LEAF_CHOICES}, got {p.leaf!r}")
     if p.rdc_ties not in RDC_TIES:
         raise UserError(f"learn_spn: rdc_ties must be one of {RDC_TIES}, got {p.rdc_ties!r}")
+    if p.rdc_widths not in RDC_WIDTHS:
+        raise UserError(f"learn_spn: rdc_widths must be one of {RDC_WIDTHS}, got {p.rdc_widths!r}")
     if isinstance(p.rdc_k, bool) or not isinstance(p.rdc_k, (int, np.integer)) or p.rdc_k < 1:
         raise UserError(f"learn_spn: rdc_k must be an int >= 1, got {p.rdc_k!r}")
     if isinstance(p.n_init, bool) or not isinstance(p.n_init, (int, np.integer)) or p.n_init < 1:
@@ -516,7 +519,7 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
         if not task.skip_col_split:
             if p.col_split == "rdc":
                 groups = split_columns_rdc(block, categorical[cols], cards[cols], p.threshold, rng, k=p.rdc_k,
-                                            ties=p.rdc_ties)
+                                            ties=p.rdc_ties, widths=p.rdc_widths)
             else:
                 groups = split_columns_gtest(block, cards[cols], p.gtest_pvalue)
             if len(groups) > 1:
@@ -608,6 +611,7 @@ def learn_spn(
     min_var: float = 1e-4,
     rdc_k: int = 10,
     rdc_ties: str = "max",
+    rdc_widths: str = "shared",
     n_init: int = 3,
     cluster_first: bool = False,
     class_column: int | None = None,
@@ -641,6 +645,10 @@ def learn_spn(
             binary columns exactly ``|Pearson|``) or ``"ordinal"`` (SPFlow 1.1.0's row-order
             tie-breaking, which inflates the dependence of sparse discrete columns; for
             like-for-like comparisons only, see :func:`mpifc.circuit.rdc.ecdf`).
+        rdc_widths: ``"shared"`` (default: every column's RDC features as wide as the widest
+            categorical column's) or ``"own"`` (each categorical column as wide as the values it
+            takes in the slice, every other column ``rdc_k``; for a column of hundreds of
+            values, such as a target of many classes), see :func:`mpifc.circuit.rdc.rdc_groups`.
         n_init: restarts of each clustering.
         cluster_first: start with a row split at the root (MSPN's default) instead of a column
             split (Gens & Domingos, SPFlow).
@@ -671,6 +679,7 @@ def learn_spn(
         min_var=min_var,
         rdc_k=rdc_k,
         rdc_ties=rdc_ties,
+        rdc_widths=rdc_widths,
         n_init=n_init,
         cluster_first=cluster_first,
         class_column=class_column,

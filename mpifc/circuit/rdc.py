@@ -603,11 +603,18 @@ def rdc_groups(
     s: float = RDC_S,
     rng: np.random.Generator,
     ties: str = "max",
+    widths: str = "shared",
 ) -> list[np.ndarray] | None:
     """The connected components of the graph ``rdc_matrix(...) >= threshold`` (same arguments
     and random draws), found without the RDC of every pair; ``None`` where that search does not
     apply (a two-valued table under ``ties="max"``, whose exact RDC is cheap; one column or row;
     features over :data:`_FEATURE_BYTES`): the caller then thresholds :func:`rdc_matrix`.
+
+    ``widths`` (one of :data:`WIDTHS`): ``"shared"`` gives every column ``max(k, largest
+    categorical cardinality)`` random features, as :func:`rdc_matrix` does; ``"own"`` gives a
+    categorical column ``max(k, values it takes in the slice)`` of them and any other column
+    ``k`` (:func:`_own_width_groups`), so that one column of many values (a target of hundreds
+    of classes) does not widen every other column's features to its own width.
 
     Components are grown breadth-first from their smallest column: only the pairs of a newly
     joined column with the columns not yet placed are measured, so a slice whose columns hang
@@ -627,6 +634,10 @@ def rdc_groups(
     data = np.asarray(data, dtype=np.float64)
     if ties not in TIES:
         raise ValueError(f"rdc_groups: ties must be one of {TIES}, got {ties!r}")
+    if widths not in WIDTHS:
+        raise ValueError(f"rdc_groups: widths must be one of {WIDTHS}, got {widths!r}")
+    if widths == "own":
+        return _own_width_groups(data, list(categorical), threshold, k, s, rng, ties)
     if ties == "max" and _all_two_valued(data):
         return None
     categorical = list(categorical)
@@ -635,23 +646,8 @@ def rdc_groups(
     if d * n * kk * 8 > _FEATURE_BYTES:
         return None
     feats, mean_blocks, white = _column_features(data, categorical, cards, k, s, rng, ties, kk)
-    placed = np.zeros(d, dtype=bool)
-    groups = []
-    for seed in range(d):
-        if placed[seed]:
-            continue
-        placed[seed] = True
-        members = [seed]
-        frontier = np.array([seed])
-        while frontier.size and not placed.all():
-            rest = np.flatnonzero(~placed)
-            dep = _pair_decisions(feats, mean_blocks, white, frontier, rest, n, threshold)  # (f, r)
-            joined = rest[dep.any(axis=0)]
-            placed[joined] = True
-            members.extend(joined.tolist())
-            frontier = joined
-        groups.append(np.array(sorted(members), dtype=np.int64))
-    return groups
+    return _grow_components(d, lambda frontier, rest: _pair_decisions(feats, mean_blocks, white, frontier, rest, n,
+                                                                       threshold))
 
 
 def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Sequence[int], k: int, s: float,
@@ -695,6 +691,14 @@ def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Seque
         np.sin(f, out=f)
         np.add.reduce(f, axis=1, out=sums[c0:c1])
         np.matmul(f.transpose(0, 2, 1), f, out=diag[c0:c1])
+    mean_blocks, white = _whitening(sums, diag, n, np.ptp(data, axis=0) == 0)
+    return feats, mean_blocks, white
+
+
+def _whitening(sums: np.ndarray, diag: np.ndarray, n: int, constant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column, from its features' sums ``(d, kk)`` and raw second moments ``(d, kk, kk)``
+    (the latter overwritten), their means and whitening ``(d, kk, kk)``, numerically absent
+    directions and ``constant`` columns given zero weight."""
     mean_blocks = sums / n  # (d, kk)
     diag /= n
     diag -= mean_blocks[:, :, None] * mean_blocks[:, None, :]
@@ -702,9 +706,84 @@ def _column_features(data: np.ndarray, categorical: Sequence[bool], cards: Seque
     lam, vec = np.linalg.eigh(diag)
     lam_max = np.maximum(lam.max(axis=1, keepdims=True), 0.0)
     keep = (lam > _RANK_TOL * lam_max) & (lam > _ABS_TOL)
-    keep &= ~(np.ptp(data, axis=0) == 0)[:, None]
+    keep &= ~constant[:, None]
     white = vec * np.where(keep, 1.0 / np.sqrt(np.maximum(lam, 1e-300)), 0.0)[:, None, :]
-    return feats, mean_blocks, white
+    return mean_blocks, white
+
+
+WIDTHS = ("shared", "own")
+"""How :func:`rdc_groups` sizes the columns' random features."""
+
+
+def _own_width_groups(data: np.ndarray, categorical: list[bool], threshold: float, k: int, s: float,
+                      rng: np.random.Generator, ties: str) -> list[np.ndarray]:
+    """:func:`rdc_groups` with ``widths="own"``: a categorical column's inputs are the copula
+    values of its one-hot encoding over the values it takes in the slice (plus the unit term),
+    projected to ``max(k, those values)`` features; any other column's are ``(u, 1)``, projected
+    to ``k`` (scales and formulas as in :func:`_column_features`; one draw per column, in column
+    order). Columns of one width are whitened and compared in batches (:func:`_pair_decisions`)."""
+    n, d = data.shape
+    cont = [j for j in range(d) if not categorical[j]]
+    u = ecdf(data[:, cont], ties) if cont else None
+    ones = np.ones((n, 1))
+    kks, proj_feats = [], []
+    for j in range(d):
+        if categorical[j]:
+            _, codes = np.unique(data[:, j], return_inverse=True)
+            onehot = np.zeros((n, int(codes.max()) + 1))
+            onehot[np.arange(n), codes.reshape(-1)] = 1.0
+            x = np.hstack([ecdf(onehot), ones])
+            kk = max(k, x.shape[1] - 1)
+        else:
+            x = np.hstack([u[:, cont.index(j) : cont.index(j) + 1], ones])
+            kk = k
+        proj = rng.standard_normal((x.shape[1], kk)) * (s / x.shape[1])
+        kks.append(kk)
+        proj_feats.append(np.sin(x @ proj))
+    constant = np.ptp(data, axis=0) == 0
+    gid = np.empty(d, dtype=np.int64)
+    loc = np.empty(d, dtype=np.int64)
+    blocks = []
+    for g, kk in enumerate(sorted(set(kks))):
+        cols = [j for j in range(d) if kks[j] == kk]
+        gid[cols], loc[cols] = g, np.arange(len(cols))
+        feats = np.stack([proj_feats[j] for j in cols])  # (d_g, n, kk)
+        sums = np.add.reduce(feats, axis=1)
+        diag = np.matmul(feats.transpose(0, 2, 1), feats)
+        blocks.append((feats, *_whitening(sums, diag, n, constant[cols])))
+
+    def decide(frontier: np.ndarray, rest: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(frontier), len(rest)), dtype=bool)
+        for gl in np.unique(gid[frontier]):
+            at_l = gid[frontier] == gl
+            for gr in np.unique(gid[rest]):
+                at_r = gid[rest] == gr
+                out[np.ix_(at_l, at_r)] = _pair_decisions(*blocks[gl], loc[frontier[at_l]], loc[rest[at_r]], n,
+                                                          threshold, right=blocks[gr])
+        return out
+
+    return _grow_components(d, decide)
+
+
+def _grow_components(d: int, decide) -> list[np.ndarray]:
+    """Connected components of ``d`` columns grown breadth-first from their smallest column;
+    ``decide(frontier, rest)`` says which pairs are dependent ``(len(frontier), len(rest))``."""
+    placed = np.zeros(d, dtype=bool)
+    groups = []
+    for seed in range(d):
+        if placed[seed]:
+            continue
+        placed[seed] = True
+        members = [seed]
+        frontier = np.array([seed])
+        while frontier.size and not placed.all():
+            rest = np.flatnonzero(~placed)
+            joined = rest[decide(frontier, rest).any(axis=0)]
+            placed[joined] = True
+            members.extend(joined.tolist())
+            frontier = joined
+        groups.append(np.array(sorted(members), dtype=np.int64))
+    return groups
 
 
 _FUSED_BYTES = 2 << 20
@@ -730,7 +809,8 @@ def _gather(feats: np.ndarray, cols: np.ndarray) -> np.ndarray:
 
 
 def _pair_decisions(feats: np.ndarray, mean_blocks: np.ndarray, white: np.ndarray, left: np.ndarray,
-                    right: np.ndarray, n: int, threshold: float) -> np.ndarray:
+                    right_cols: np.ndarray, n: int, threshold: float,
+                    right: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """``(len(left), len(right))`` booleans: whether the RDC of columns ``left[a]`` and
     ``right[b]`` is at least ``threshold``.
 
@@ -739,10 +819,17 @@ def _pair_decisions(feats: np.ndarray, mean_blocks: np.ndarray, white: np.ndarra
     row or column norm, so a pair whose Frobenius norm falls below the threshold, or one of
     whose rows or columns reaches it, is decided (each by :data:`_BOUND_MARGIN`, so rounding
     cannot cross); the rest take the eigensolve of :func:`_pair_tops`. Columns are taken in
-    groups (:data:`_GATHER_BYTES`, :data:`_PAIR_CHUNK`), so memory stays bounded."""
+    groups (:data:`_GATHER_BYTES`, :data:`_PAIR_CHUNK`), so memory stays bounded.
+
+    ``right``: the features, means and whitening ``right_cols`` index (default: the left's), of
+    their own width ``kr``; the blocks are then ``(kk, kr)`` and the eigensolve takes the
+    smaller side."""
     kk = feats.shape[2]
+    rfeats, rmeans, rwhite = right if right is not None else (feats, mean_blocks, white)
+    kr = rfeats.shape[2]
+    right = right_cols
     t2 = float(threshold) ** 2
-    per_col = max(1, _GATHER_BYTES // (8 * kk * max(n, 1)))
+    per_col = max(1, _GATHER_BYTES // (8 * max(kk, kr) * max(n, 1)))
     out = np.empty((len(left), len(right)), dtype=bool)
     pos_l = 0
     for lc in _runs(left, per_col):
@@ -751,10 +838,10 @@ def _pair_decisions(feats: np.ndarray, mean_blocks: np.ndarray, white: np.ndarra
         ml = mean_blocks[lc][:, None, :, None]
         pos_r = 0
         for rc in _runs(right, max(1, min(per_col, _PAIR_CHUNK // len(lc)))):
-            cov = np.matmul(lf, _gather(feats, rc)[None])  # (a, b, kk, kk) raw moments
+            cov = np.matmul(lf, _gather(rfeats, rc)[None])  # (a, b, kk, kr) raw moments
             cov /= n
-            cov -= ml * mean_blocks[rc][None, :, None, :]
-            m = np.matmul(np.matmul(wl, cov), white[rc][None]).reshape(-1, kk, kk)
+            cov -= ml * rmeans[rc][None, :, None, :]
+            m = np.matmul(np.matmul(wl, cov), rwhite[rc][None]).reshape(-1, kk, kr)
             sq = m * m
             fro = sq.sum(axis=(1, 2))
             line = np.maximum(sq.sum(axis=1).max(axis=1), sq.sum(axis=2).max(axis=1))
@@ -762,7 +849,7 @@ def _pair_decisions(feats: np.ndarray, mean_blocks: np.ndarray, white: np.ndarra
             open_ = ~dep & (fro >= t2 * (1.0 - _BOUND_MARGIN))
             if open_.any():
                 mo = m[open_]
-                sym = np.matmul(mo, mo.transpose(0, 2, 1))
+                sym = np.matmul(mo, mo.transpose(0, 2, 1)) if kk <= kr else np.matmul(mo.transpose(0, 2, 1), mo)
                 dep[open_] = np.sqrt(np.clip(np.linalg.eigvalsh(sym)[:, -1], 0.0, 1.0)) >= threshold
             out[pos_l : pos_l + len(lc), pos_r : pos_r + len(rc)] = dep.reshape(len(lc), len(rc))
             pos_r += len(rc)

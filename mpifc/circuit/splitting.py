@@ -85,11 +85,13 @@ def split_columns_rdc(
     rng: np.random.Generator,
     k: int = RDC_K,
     ties: str = "max",
+    widths: str = "shared",
 ) -> list[np.ndarray]:
     """Groups of columns whose pairwise RDC is below ``threshold`` across groups (``ties``: see
     :func:`mpifc.circuit.rdc.ecdf`): the connected components of ``rdc_matrix(...) >=
-    threshold``, searched pair by pair where that is cheaper (:func:`mpifc.circuit.rdc.rdc_groups`)."""
-    groups = rdc_groups(data, categorical, cards, threshold, k=k, rng=rng, ties=ties)
+    threshold``, searched pair by pair where that is cheaper (:func:`mpifc.circuit.rdc.rdc_groups`;
+    ``widths``: how wide each column's random features are, see there)."""
+    groups = rdc_groups(data, categorical, cards, threshold, k=k, rng=rng, ties=ties, widths=widths)
     if groups is not None:
         return groups
     rdc = rdc_matrix(data, categorical, cards, k=k, rng=rng, ties=ties)

@@ -77,6 +77,8 @@ LEARNSPN: dict[str, Param] = {
     "min_var": _float(0.0, low_open=True, help="variance floor of Gaussian leaves"),
     "rdc_k": _int(1),
     "rdc_ties": _str("max", "ordinal"),
+    "rdc_widths": _str("shared", "own", help="RDC features per column: as wide as the widest categorical column "
+                                            "(shared) or each column its own (own: set for a target of 16+ classes)"),
     "n_init": _int(1),
     "cluster_first": _BOOL,
 }

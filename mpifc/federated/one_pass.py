@@ -369,8 +369,14 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[d
     (the user's) keys, completed by :func:`mpifc.federated.defaults.adaptive_hyperparameters`
     when ``plan.defaults == "adaptive"``; several candidates where the defaults leave a choice to
     held-out rows (:func:`mpifc.federated.defaults.target_candidates`), in order of preference.
-    :data:`TARGET_FIRST` becomes LearnSPN's ``class_column`` where the PC holds the target."""
+    :data:`TARGET_FIRST` becomes LearnSPN's ``class_column`` where the PC holds the target.
+
+    A LearnSPN PC that holds a target of :data:`~mpifc.federated.flat.SEPARABLE_CLASSES` classes
+    or more sizes its RDC features per column (``rdc_widths="own"``, unless the user set it): with
+    the shared width, the target's hundreds of values would widen every column's features to
+    as many, and the eigensolves grow with the cube of that width."""
     from mpifc.federated.defaults import adaptive_hyperparameters, target_candidates
+    from mpifc.federated.flat import SEPARABLE_CLASSES
 
     explicit = {k: v for k, v in plan.hyperparameters.items()
                 if k != CLUSTER_WITHOUT_TARGET and not k.startswith("dp_")}
@@ -383,6 +389,10 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[d
              and not task.by_class)
     if task.by_class:
         hp.pop(TARGET_FIRST, None)
+    n_classes = int(plan.n_categories.get(plan.target, 0) or 0) if plan.target else 0
+    if (task.learner == "learnspn" and plan.target in task.features and n_classes >= SEPARABLE_CLASSES
+            and "rdc_widths" not in hp):
+        hp["rdc_widths"] = "own"
     if hp.get(TARGET_FIRST) == "auto" and not holds:
         hp.pop(TARGET_FIRST)
     out = []

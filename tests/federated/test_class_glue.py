@@ -192,6 +192,11 @@ def test_a_many_class_vertical_job_on_default_flags_answers_as_the_enumeration(t
     leaves = [n.leaf for n in fm.fc.leaves if "kind" in n.leaf.features]
     pool = [lf for lf in leaves if lf.cluster == 24]
     assert len(pool) == 1 and len(leaves) == 13  # 12 classes of their own, one pool of 12
+    # 16 classes or more: the PCs holding the target size their RDC features per column
+    recorded = fm.fc.meta["hyperparameters"]
+    owner = str(pool[0].client)
+    assert all(r["hyperparameters"]["rdc_widths"] == "own" for r in recorded[owner])
+    assert all("rdc_widths" not in r["hyperparameters"] for c, rows in recorded.items() if c != owner for r in rows)
     n_train = json.loads((shards / "manifest.json").read_text())["clients"][0]["n_train"]
     assert sum(lf.n_rows for lf in leaves) == n_train and min(lf.n_rows for lf in leaves) >= 5
 
