@@ -455,8 +455,10 @@ def _ended_well(c: Cell, liveness: float) -> bool:
     if c.seconds is None or c.seconds > liveness + 5.0 or c.leftovers:
         return False
     if c.unwatched:  # nobody saw it go: no line, or one that names it among those that ended
+        # (a signal to mpiexec that ends ranks before their first line ends every one of them:
+        # a line naming those ranks is true)
         return c.exit not in (0, None) and (c.lines == 0 or (c.lines == 1 and (
-            c.named or not re.match(r"mpifc: ranks? \d", c.line))))
+            c.named or not c.target.startswith("rank ") or not re.match(r"mpifc: ranks? \d", c.line))))
     if c.exit in (0, None) or c.lines != 1 or not c.named:
         return False
     if c.target in ("mpiexec", "hydra_pmi_proxy") and c.fault in ("INT", "TERM"):
