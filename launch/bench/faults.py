@@ -28,12 +28,13 @@ How a cell must end (``ok``):
   SIGTERM: ``the job received SIGTERM``, 143), never a rank; no output (model, ledger, answer)
   at its final path nor partial file beside it; no ``/dev/shm`` file the job's MPI mapped, no
   node folder and no process of the job left a few seconds after ``mpiexec`` ended;
-* or, where the signal ends a rank before any process of the job can see it go (``unwatched``:
-  SIGKILL before the node sentinel's first look, or SIGTERM/SIGINT before the rank's first line
-  of mpifc has run, whose default action ends it; the launcher kills the other ranks within
-  milliseconds, so nobody is left who saw which rank ended first): failed, within the same time,
-  with no leftovers, and no ``mpifc:`` line or one that names the rank among those that ended
-  (never another rank alone). The table counts these cells apart;
+* or, where the signal ends a process before any process of the job can see it go
+  (``unwatched``, see :func:`_unwatched`: before the node sentinel's first look, SIGKILL of a rank,
+  ``mpiexec`` or its daemon, or SIGTERM/SIGINT that reaches a rank before its first line of mpifc
+  has run, whose default action ends it; the launcher kills the other ranks within milliseconds,
+  so nobody is left who saw which process ended first): failed, within the same time, with no
+  leftovers, and no ``mpifc:`` line or one that names the rank among those that ended (never
+  another rank alone). The table counts these cells apart;
 * or, where the signal does not end the job (SIGTERM and SIGINT to the daemon, which hydra
   ignores), succeeded, cleanly, however long the rest of the job took: exit code 0, no
   ``mpifc:`` line, every output in place, nothing else left.
@@ -378,16 +379,27 @@ def _takes_signals(pid: int) -> bool:
 
 
 def _unwatched(target: str, fault: str, pid: int, procs: JobProcesses) -> bool:
-    """Whether a signal to ``target`` now ends a rank that no process of the job can see go: the
-    node sentinel does not watch yet (it writes ``sentinel.pid`` after its first look), and the
-    signal is SIGKILL, or SIGTERM/SIGINT before the rank's first line of mpifc has run (their
-    default action ends it). The launcher then kills every other rank within milliseconds."""
-    if not target.startswith("rank ") or fault == "STOP":
+    """Whether a signal to ``target`` now ends a process that no process of the job can see go:
+    the node sentinel does not watch yet (it writes ``sentinel.pid`` after its first look), and
+
+    * to a rank: SIGKILL, or SIGTERM/SIGINT before the rank's first line of mpifc has run (their
+      default action ends it). The launcher then kills every other rank within milliseconds;
+    * to ``mpiexec`` or its daemon: SIGKILL (the daemon, and the ranks with it, end at once;
+      with no sentinel watching, nobody is left to say why), or, to ``mpiexec``, SIGTERM/SIGINT
+      while a rank has not started or has not run its first line of mpifc (hydra passes the
+      signal on to every rank, and its default action ends such a rank, with Python's own
+      message at most)."""
+    if fault == "STOP":
         return False
     folder = procs.folder()
     if folder is not None and (folder / "sentinel.pid").exists():
         return False
-    return fault == "KILL" or not _takes_signals(pid)
+    if target.startswith("rank "):
+        return fault == "KILL" or not _takes_signals(pid)
+    if fault == "KILL":
+        return True
+    return target == "mpiexec" and (len(procs.ranks) < N_RANKS or
+                                    not all(_takes_signals(p) for p in procs.ranks.values()))
 
 
 def _done(target: str, procs: JobProcesses) -> bool:
@@ -403,15 +415,18 @@ def _done(target: str, procs: JobProcesses) -> bool:
 
 
 def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], success: bool) -> list[str]:
-    """What the job left behind a few seconds after mpiexec ended (killing leftover processes)."""
+    """What the job left behind a few seconds after mpiexec ended (killing leftover processes): the
+    sentinel of a job whose ranks it never saw (killed as they started) waits a moment for late
+    ones before it removes the node folder, and its process id may be unknown here."""
     pids = {f"rank {r}": p for r, p in procs.ranks.items()}
     if procs.proxy is not None:
         pids["hydra_pmi_proxy"] = procs.proxy
     pids["mpiexec"] = procs.mpiexec
     for p in log.glob("sentinel-*.pid") if log.is_dir() else []:
         pids["sentinel"] = int(p.read_text())
-    until = time.time() + 5.0
-    while time.time() < until and any(alive(p) for p in pids.values()):
+    folder = procs.folder()
+    until = time.time() + 5.0  # the node sentinel removes the folder once the ranks are gone
+    while time.time() < until and (any(alive(p) for p in pids.values()) or (folder is not None and folder.exists())):
         time.sleep(0.05)
     left = []
     for name, pid in sorted(pids.items()):
@@ -428,7 +443,6 @@ def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], su
     left += [f"partial {p.name}" for p in out.iterdir() if ".partial-" in p.name or p.name.endswith(".tmp")]
     for p in log.glob("shm-*") if log.is_dir() else []:
         left += [f"shm {s}" for s in p.read_text().split("\n") if s and os.path.exists(s)]
-    folder = procs.folder()
     if folder is not None and folder.exists():
         left.append(f"node folder {folder.name}")
         shutil.rmtree(folder, ignore_errors=True)
@@ -441,8 +455,10 @@ def _ended_well(c: Cell, liveness: float) -> bool:
     if c.seconds is None or c.seconds > liveness + 5.0 or c.leftovers:
         return False
     if c.unwatched:  # nobody saw it go: no line, or one that names it among those that ended
+        # (a signal to mpiexec that ends ranks before their first line ends every one of them:
+        # a line naming those ranks is true)
         return c.exit not in (0, None) and (c.lines == 0 or (c.lines == 1 and (
-            c.named or not re.match(r"mpifc: ranks? \d", c.line))))
+            c.named or not c.target.startswith("rank ") or not re.match(r"mpifc: ranks? \d", c.line))))
     if c.exit in (0, None) or c.lines != 1 or not c.named:
         return False
     if c.target in ("mpiexec", "hydra_pmi_proxy") and c.fault in ("INT", "TERM"):

@@ -266,17 +266,21 @@ class NodeView:
                     pass
         return out
 
-    def exit_together(self, code: int, tell_peers: bool, timeout_s: float = 1.0) -> None:
+    def exit_together(self, code: int, tell_peers: bool, timeout_s: float | None = None) -> None:
         """Exit with ``code`` together with the other ranks of this node (``tell_peers``: ask
         them first, with SIGUSR1; see :mod:`mpifc.runtime.signals`).
 
-        The launcher kills every rank as soon as one exits before ``MPI_Finalize``, and then
-        reports a killed rank's signal or an exit code, whichever it sees first: so each rank
-        notes that it is ready (``rank-R.exit``) and waits (at most ``timeout_s``) until every other
-        rank of the node is ready or gone, and they all exit in the same moment with one code.
+        The launcher kills every rank still running soon after one exits, and then reports the
+        killed rank's signal (9) rather than the code the ranks exit with: so each rank notes
+        that it is ready (``rank-R.exit``) and waits until every other rank of the node is ready
+        or gone, and they all exit in the same moment with one code. The wait lasts at most
+        ``timeout_s`` (default: the liveness limit, at least 1 s): on a loaded node a peer's
+        signal thread may take seconds to run, and a peer silent for longer is frozen or stuck,
+        which the node sentinel reports and ends in the same time.
         """
         from mpifc.runtime.sentinel import gone
 
+        timeout_s = max(1.0, self.limit) if timeout_s is None else timeout_s
         peers = {r: pid for r, pid in self.local_pids().items() if r != self.rank and pid != os.getpid()}
         if tell_peers:
             for pid in peers.values():

@@ -509,6 +509,13 @@ class Sentinel:
         """Process ``w`` has ended (events come in the order the kernel saw them)."""
         if w.ended:
             return
+        if w.rank >= 0 and not self.failed:
+            # A launcher process watched without a pidfd (already reaped when this process first
+            # looked, killed as the job started) is polled after the events: if it is gone, it
+            # ended before this rank, whose end follows from its.
+            for launcher in self.launchers:
+                if not launcher.ended and launcher.fd is None and launcher.gone():
+                    self.ended(launcher)
         w.ended = True
         self._forget(w)
         if self.failed:

@@ -133,6 +133,9 @@ def finish() -> None:
         mpi.Finalize()
     wait_if_signalled()
     view.end()
+    # A signal taken before the end mark was written, and after the check above, still ends the
+    # job (the signal thread removes the mark): from the mark on, the rank counts as ended.
+    wait_if_signalled()
 
 
 def leave(code: int) -> None:

@@ -3,8 +3,8 @@
 Modes:
   raise     rank RANK raises ValueError while the others wait for it in a receive
   usererror rank RANK raises UserError (exit code 2)
-  deadline  a job with a 1 s wall-clock limit: rank 0 waits for a 'test.never' message while
-            rank 1 computes (sleeps) for 600 s
+  deadline  a job with a 4 s wall-clock limit: rank 0 waits for a 'test.never' message while
+            rank 1 computes (sleeps) for 600 s; rank 3 holds the GIL for 2 s as the job ends
   deadlock  rank 0 waits for a message from rank 1, which waits for one from rank 0 (liveness 1 s)
   sendlock  rank 0 sends 1 MiB to rank 1, which waits in a barrier (liveness 1 s)
   busy      rank 0 waits 4 s for rank 1, which computes (sleeps) meanwhile (liveness 1 s)
@@ -40,9 +40,28 @@ def make_raiser(bad_rank: int, exc: type[BaseException]):
 def deadline_main(ctx: JobContext) -> int:
     if ctx.rank == 0:
         ctx.transport.recv(1, NEVER)
-    else:
-        time.sleep(600)  # never sends; the abort must end this sleep
+    elif ctx.rank == 3:
+        hold_gil_as_the_job_ends(2.0)
+    time.sleep(600)  # never sends; the abort must end this sleep
     return 0
+
+
+def hold_gil_as_the_job_ends(seconds: float) -> None:
+    """Once the job's line is said, keep this rank's threads from running for ``seconds``: as a
+    native call holding the GIL, or a starved process on a loaded node, does. Its signal thread
+    then takes a peer's request to end the job that much later, and the job's exit code must not
+    depend on it."""
+    from mpifc.runtime import node
+
+    view = node.current()
+    while view is not None and not (view.folder / "said").exists():
+        time.sleep(0.01)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 5.0)  # no other thread of this rank takes the GIL meanwhile
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    sys.setswitchinterval(interval)
 
 
 def deadlock_main(ctx: JobContext) -> int:
