@@ -39,7 +39,7 @@ alpha 1), on the same shards:
   eachmovie   500   4524     -52.49    -53.842  -2.6%    2.65   -52.837  -0.7%    5.35   2.02
   20ng        910  11293    -155.93   -153.493  +1.6%   10.89  -152.507  +2.2%   20.92   1.92
 
-A second run of three sets in the same session (load 9-11): CPU x 1.80 on EachMovie (2.35 s
+A second run of three sets the same day (load 9-11): CPU x 1.80 on EachMovie (2.35 s
 before, 4.23 s), 2.06 on Jester (1.71, 3.51), 1.49 on Plants (3.29, 4.91); the test LLs were
 the same. In one process, structure learning alone on Jester takes 1.7-1.8 s before and
 2.7-2.9 s with these defaults (2.2 s with the looser level and one k-means run).
