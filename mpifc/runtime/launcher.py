@@ -41,7 +41,7 @@ def launcher_size(environ: Mapping[str, str] | None = None) -> tuple[str, int] |
     return None
 
 
-ONE_NODE_MPICH = {"MPIR_CVAR_CH4_NETMOD": "ofi", "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS": "16"}
+ONE_NODE_MPICH = {"MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS": "16"}
 """MPICH settings for a job whose ranks all share one node (see :func:`tune_one_node_mpich`)."""
 BUNDLED_LIBFABRIC = Path("lib", "mpich", "libfabric.so.1")
 """Where the ``mpich`` wheel keeps the libfabric of its ``ofi`` network module, under the venv."""
@@ -51,18 +51,19 @@ def tune_one_node_mpich(environ: dict[str, str] | None = None, prefix: str = sys
     """Before ``MPI_Init``, in a job whose ranks all run on this node under the ``mpich`` wheel's
     own ``mpiexec``: set :data:`ONE_NODE_MPICH` where the user has not; returns what it set.
 
-    * ``ofi`` network module instead of ``ucx``: ranks on one node talk through shared memory,
-      yet MPICH starts a network module too, and the wheel's default (UCX) costs each rank about
-      twice the CPU time of ``ofi`` in ``MPI_Init`` and 8 MB more memory (measured on 64 ranks
-      sharing 2 cores: 0.09-0.10 against 0.04 CPU-s per rank, 3.5 against 1.5 s of wall time).
     * 16 shared-memory cells per sender instead of 64: a rank that hears from many peers (the
       server of a FedPC job, the heartbeats of rank 0) maps a page of every cell each peer
       cycles through, and keeps it mapped (measured: rank 0 receiving 40 small messages from
       each of 63 peers grows by 39 MB with 64 cells, 17 MB with 16).
 
+    The ``ofi`` network module would halve each rank's ``MPI_Init`` (0.04 against 0.09-0.10 CPU-s
+    on 64 ranks sharing 2 cores, 8 MB less memory) but is not chosen: under it a failing job's
+    ranks, which exit together with one code, were more often killed by the launcher before
+    their own exit (exit 9 instead of the line's code in about 1 job in 30-50, against none in
+    about 90 under ``ucx``); ``MPIR_CVAR_CH4_NETMOD=ofi`` asks for it.
+
     Nothing is set where mpi4py is pointed at another MPI library, where the job spans several
-    nodes, or where the venv holds no bundled libfabric (a site MPI: naming a network module it
-    was built without makes MPICH fail)."""
+    nodes, or where the venv holds no bundled libfabric (a site MPI, tuned by its own site)."""
     env = os.environ if environ is None else environ
     if env.get("MPI4PY_LIBMPI"):
         return {}

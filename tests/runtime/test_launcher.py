@@ -29,9 +29,9 @@ def test_a_one_node_job_under_the_bundled_mpich_gets_the_one_node_settings(tmp_p
     one_node = {"PMI_SIZE": "8", "MPI_LOCALNRANKS": "8"}
     env = dict(one_node)
     assert tune_one_node_mpich(env, str(venv)) == ONE_NODE_MPICH and env == {**one_node, **ONE_NODE_MPICH}
-    netmod = "MPIR_CVAR_CH4_NETMOD"
-    env = {**one_node, netmod: "ucx"}  # the user's own choice stays
-    assert netmod not in tune_one_node_mpich(env, str(venv)) and env[netmod] == "ucx"
+    cells = "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS"
+    env = {**one_node, cells: "64"}  # the user's own choice stays
+    assert cells not in tune_one_node_mpich(env, str(venv)) and env[cells] == "64"
     # Left alone: another MPI library, several nodes, one rank, no launcher, a site MPI.
     for env, prefix in (({**one_node, "MPI4PY_LIBMPI": "/opt/mpi/lib/libmpi.so"}, venv),
                         ({"PMI_SIZE": "16", "MPI_LOCALNRANKS": "8"}, venv),
