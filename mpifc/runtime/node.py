@@ -314,9 +314,13 @@ class NodeView:
     def remove_if_orphaned(self, all_ended: bool = False) -> None:
         """Without a sentinel: remove MPI's shared memory files and the folder, once every rank of
         the node has ended (``all_ended``), or at once (the job is failing)."""
-        if all_ended and len(list(self.folder.glob("rank-*.end"))) < self.local_ranks:
+        try:
+            if all_ended and len(list(self.folder.glob("rank-*.end"))) < self.local_ranks:
+                return
+            records = list(self.folder.glob("shm-*"))
+        except OSError:  # another rank of the node removed the folder first: nothing is left
             return
-        for rec in self.folder.glob("shm-*"):
+        for rec in records:
             try:
                 for seg in rec.read_text().split("\n"):
                     if seg.startswith("/dev/shm/"):
