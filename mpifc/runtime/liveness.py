@@ -291,6 +291,16 @@ class Liveness:
         if len(ranks) < 2 or any(v.state == FINAL or v.blocked_since is None or now - v.blocked_since < self.limit
                                  for _, v in ranks):
             return None
+        states = [(0, self.state, self.phase, (me_src, me_kind))] + [
+            (r, v.state, v.phase, (v.awaiting, v.awaiting_kind)) for r, v in ranks[1:]]
+        ended = [s for s in states if s[1] != RUNNING]
+        waiting = [s for s in states if s[1] == RUNNING]
+        if ended and waiting:
+            # A rank that returned from its job early (its part of the protocol skipped) leaves the
+            # others waiting for what it never sent: it is the one to name.
+            (r, _, phase, _), (w, _, _, wait) = ended[0], waiting[0]
+            return (f"mpifc: rank {r} ended its job in phase {phase!r} while rank {w} "
+                    f"{describe_wait(w, wait)}; ending the job")
         waits = [f"rank {r} {describe_wait(r, (v.awaiting, v.awaiting_kind))}" for r, v in ranks[:4]]
         more = f"; and {len(ranks) - 4} more ranks" if len(ranks) > 4 else ""
         return f"mpifc: every rank waits and none sends ({'; '.join(waits)}{more}); ending the job"
