@@ -79,7 +79,7 @@ SAMPLE_SIGNALS = [  # (job, target, signal, moment): the sample tests/reliabilit
     ("query", "rank 1", "INT", "up+0.3"), ("train", "rank 2", "KILL", "phase:startup"),
     ("evaluate", "rank 1", "TERM", "phase:startup"),
 ]
-SAMPLE_INJECTED = [("learn", "client raise"), ("query", "server return")]
+SAMPLE_INJECTED = [("learn", "client raise"), ("query", "server return"), ("write", "client return")]
 
 
 @dataclass

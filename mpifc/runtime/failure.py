@@ -3,14 +3,22 @@
 This is what ``python -m mpi4py`` does for scripts; the ``mpifc`` console script and
 :func:`mpifc.runtime.job.run_job` do the same, so no job ever waits forever on a dead peer.
 
-One line per job. The rank that ends the job first claims the line in its node folder
-(:func:`mpifc.runtime.sentinel.claim`); every later failure (a peer that lost this rank, the
-same ``UserError`` on every rank, every rank's Ctrl-C) stays quiet. The claimer then asks the
-other ranks of its node to exit with the same code (SIGUSR1, :mod:`mpifc.runtime.signals`),
-waits a moment for them, and exits: the launcher sees every rank exit with one code and
-reports it, without killing ranks (no banner) and without ``MPI_Abort``, whose own message
-MPICH prints. ``MPI_Abort`` stays the way out where there is no node folder (no launcher found)
-and the fallback for ranks on other nodes, which the launcher ends.
+One line and one exit code per job. The rank that ends the job first claims the line in its
+node folder (:func:`mpifc.runtime.sentinel.claim`); every later failure (a peer that lost this
+rank, the same ``UserError`` on every rank, every rank's Ctrl-C) stays quiet. The ranks of the
+node are then asked (SIGUSR1, :mod:`mpifc.runtime.signals`) to remove their partial outputs and
+say they are ready, and the job ends through exactly one ``MPI_Abort`` with the line's code:
+
+* MPICH's launcher ends a job with the code of its ``MPI_Abort``; a rank inside MPI that exits
+  on its own instead makes the launcher kill every other rank, and then report the killed
+  ranks' signal (exit 9) rather than the code, whenever one of them had not yet exited;
+* so the first rank of the node inside MPI to end claims the abort (``aborter`` in the node
+  folder); every other failing rank waits, ready, to be ended by it. MPICH's own abort line
+  goes to ``/dev/null``.
+
+Ranks outside MPI (before ``MPI_Init``, after ``MPI_Finalize``) may exit on their own: the
+launcher does not end the job for that; they exit together with one code
+(:meth:`mpifc.runtime.node.NodeView.exit_together`) when nobody inside MPI ends it.
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from mpifc.runtime.launcher import env_rank  # noqa: F401 - this process's rank,
 
 
 _aborting = 0
+_aborting_thread = 0  # the thread that ends the job in this process
 _abort_lock = threading.Lock()  # the heartbeat thread and the main thread may fail at once
 
 
@@ -35,7 +44,17 @@ def _claim_abort() -> None:
     abort to end the process (one report, one MPI_Abort)."""
     if _abort_lock.acquire(blocking=False):
         return
+    _already_ending()
+
+
+def _already_ending() -> NoReturn:
+    """This process is ending the job on another thread: wait for it (exiting here, inside MPI,
+    would make the launcher kill the job's ranks before the abort says its code)."""
+    if _aborting_thread == threading.get_ident():
+        _flush_streams()
+        os._exit(_aborting or 1)
     time.sleep(30.0)
+    _flush_streams()
     os._exit(_aborting or 1)
 
 
@@ -125,27 +144,89 @@ def _speak(code: int, line: str) -> bool:
 
 def _end(code: int) -> NoReturn:
     """End this rank, and with it the job, with ``code`` (the line is said, or someone else's)."""
-    global _aborting
+    global _aborting, _aborting_thread
     from mpifc.runtime import node
 
     view = node.current()
     if view is not None:
         said = view.said_code(wait_s=0.5)
         code = said if said is not None else code  # one code for every rank: the line's
-    _aborting = code or 1
+    _aborting, _aborting_thread = code or 1, threading.get_ident()
     _job_failing()
     if view is not None:
         view.unmark("end")  # a rank past MPI_Finalize fails the job all the same
         if view.sentinel_gone():
             view.remove_if_orphaned()
-        view.exit_together(code or 1, tell_peers=True)
+    _leave(code or 1, tell_peers=True)
+
+
+def _leave(code: int, tell_peers: bool) -> NoReturn:
+    """Leave the failing job with ``code``: through the job's one ``MPI_Abort`` (this rank's, if
+    it is the node's first inside MPI to claim it), by waiting for another rank's, or, where no
+    rank of the node is inside MPI, by exiting together with the node's ranks."""
+    from mpifc.runtime import node
+
+    view = node.current()
     world = _world()
-    if world is not None and world.Get_size() > 1:
+    in_mpi = world is not None and world.Get_size() > 1
+    if in_mpi and (view is None or view.claim_aborter()):
+        if view is not None:
+            view.gather_peers(tell_peers=True)
+        _flush_streams()
         settle_before_abort()
-        world.Abort(code or 1)
+        _quiet_stderr()
+        world.Abort(code)
         # MPICH's MPI_Abort may return while the launcher tears the job down; never run on.
+        _flush_streams()
+        os._exit(code)
+    if view is None:
+        _flush_streams()
+        os._exit(code)
+    if in_mpi or view.aborter_claimed():
+        # Another rank ends the job through MPI_Abort, which ends this one too.
+        view.mark("exit")
+        _flush_streams()
+        _wait_to_be_ended(view.end_wait_s() + 3.0)
+    view.exit_together(code, tell_peers=tell_peers)
+    os._exit(code)
+
+
+def _quiet_stderr() -> None:
+    """Point this process's standard error at ``/dev/null``: MPICH's ``MPI_Abort`` writes a line
+    of its own there (``Abort(2) on node 1 ...``), after the job's one line was said."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _wait_to_be_ended(timeout_s: float) -> NoReturn:
+    """Sleep until the job's ``MPI_Abort`` ends this process; exit after ``timeout_s`` all the
+    same (an abort that never came: the node sentinel has reported the job by then)."""
+    time.sleep(timeout_s)
     _flush_streams()
-    os._exit(code or 1)
+    os._exit(_aborting or 1)
+
+
+def end_for_peer(code: int) -> None:
+    """A peer said the line that ends the job (SIGUSR1, taken on the signal thread): remove this
+    rank's partial outputs and leave with the line's code (see the module docstring). Returns at
+    once if this process is already ending the job (its own thread does it)."""
+    global _aborting, _aborting_thread
+    if _aborting or not _abort_lock.acquire(blocking=False):
+        return
+    from mpifc.runtime import node, outputs
+
+    _aborting, _aborting_thread = code or 1, threading.get_ident()
+    staged = outputs.current()
+    if staged is not None:
+        staged.discard()
+    view = node.current()
+    if view is not None:
+        view.unmark("end")
+    _leave(code or 1, tell_peers=False)
 
 
 def _flush_streams() -> None:
@@ -160,7 +241,7 @@ def abort_with_line(line: str, code: int) -> NoReturn:
     """End the job with one line already written for the user (e.g. by the heartbeat thread,
     naming a silent rank), unless another rank said the job's line first."""
     if _aborting:
-        os._exit(_aborting)
+        _already_ending()
     _claim_abort()
     if _speak(code or 1, line):
         sys.stderr.write(line + "\n")
@@ -176,8 +257,7 @@ def abort_job(exc: BaseException) -> NoReturn:
     """
     global _aborting
     if _aborting:
-        # Already reported and ending (e.g. MPI_Abort returned before the launcher killed us).
-        os._exit(_aborting)
+        _already_ending()  # already reported and ending
     _claim_abort()
     from mpifc.runtime import node
 

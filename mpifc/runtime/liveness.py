@@ -58,8 +58,10 @@ from typing import Any, Callable
 
 from mpifc.runtime.early import DEFAULT_LIMIT_S  # noqa: F401 - the default --liveness
 
-RUNNING, DONE, FINAL = 0, 1, 2
-STATE_NAMES = {RUNNING: "running", DONE: "done", FINAL: "final"}
+RUNNING, DONE, FINAL, LEFT = 0, 1, 2, 3
+# LEFT: done, with a message sent to it that it never received (it skipped part of the protocol);
+# its heartbeats then carry that message's source and kind where a wait's would be.
+STATE_NAMES = {RUNNING: "running", DONE: "done", FINAL: "final", LEFT: "done, a message never received"}
 NOBODY = -1        # awaiting: not blocked on a message
 EVERYONE = -2      # awaiting: a barrier (no single peer to blame)
 
@@ -136,6 +138,7 @@ class Liveness:
         self._notices: list[tuple[Any, bytearray]] = []
         self.views: dict[int, PeerView] = {}
         self.me = PeerView(time.perf_counter())  # this rank's own waits (rank 0 judges deadlocks)
+        self._left: tuple[int, int] | None = None  # a message never received, once the job returned
 
     # -- what the rank announces ------------------------------------------------------------
     def enter(self, phase: str) -> None:
@@ -251,15 +254,25 @@ class Liveness:
 
         with self._lock:
             self._seq += 1
-            src, kind = self._awaiting()
+            state, (src, kind) = self.state, self._awaiting()
+            if state == DONE and self._left_behind() is not None:
+                state, (src, kind) = LEFT, self._left
             progress = self._progress()
             phase = self.phase.encode("utf-8", "replace")[:24]
             for p in self.peers:
                 req = self._send.get(p)
                 if req is not None and not req.Test():
                     continue  # the peer has not taken the last one: it is judged by its own silence
-                _BEAT.pack_into(self._sbuf[p], 0, _KIND_BEAT, self._seq, self.state, src, kind, progress, phase)
+                _BEAT.pack_into(self._sbuf[p], 0, _KIND_BEAT, self._seq, state, src, kind, progress, phase)
                 self._send[p] = self.comm.Isend([self._sbuf[p], MPI.BYTE], p, _TAG_BEAT)
+
+    def _left_behind(self) -> tuple[int, int] | None:
+        """Once this rank's job function has returned: ``(source, kind id)`` of a message sent to
+        it that it never received, or None (kept once found)."""
+        if self._left is None:
+            probe = getattr(self.transport, "unreceived_tag", None)
+            self._left = probe() if probe is not None else None
+        return self._left
 
     def _judge(self, now: float) -> str | None:
         """The line that ends the job, or None while everyone answers."""
@@ -273,7 +286,8 @@ class Liveness:
                 return (f"mpifc: rank {p} stopped answering in phase {phase} (no heartbeat for {age:.1f} s, "
                         f"--liveness {self.limit:g}; seen by rank {self.rank}); ending the job")
         me_src, me_kind = self._awaiting()
-        waits = [(self.rank, me_src, me_kind)] + [(p, v.awaiting, v.awaiting_kind) for p, v in self.views.items()]
+        waits = [(self.rank, me_src, me_kind)] + [(p, v.awaiting, v.awaiting_kind) for p, v in self.views.items()
+                                                  if v.state != LEFT]
         for waiter, src, kind in waits:
             if src < 0 or src == waiter or src == self.rank or src not in self.views:
                 continue
@@ -291,6 +305,25 @@ class Liveness:
         if len(ranks) < 2 or any(v.state == FINAL or v.blocked_since is None or now - v.blocked_since < self.limit
                                  for _, v in ranks):
             return None
+        states = [(0, self.state, self.phase, (me_src, me_kind))] + [
+            (r, v.state, v.phase, (v.awaiting, v.awaiting_kind)) for r, v in ranks[1:]]
+        ended = [s for s in states if s[1] != RUNNING]
+        waiting = [s for s in states if s[1] == RUNNING]
+        if ended and waiting:
+            # A rank that returned from its job early (its part of the protocol skipped) leaves the
+            # others waiting for what it never sent: it is the one to name.
+            (r, _, phase, _), (w, _, _, wait) = ended[0], waiting[0]
+            return (f"mpifc: rank {r} ended its job in phase {phase!r} while rank {w} "
+                    f"{describe_wait(w, wait)}; ending the job")
+        left = [(r, v.phase, (v.awaiting, v.awaiting_kind)) for r, v in ranks[1:] if v.state == LEFT]
+        if self.state == DONE and self._left is not None:
+            left.insert(0, (0, self.phase, self._left))
+        if left:
+            # Everyone waits because this rank returned from its job before receiving what was
+            # sent to it: its part of the protocol was skipped.
+            r, phase, (src, kind) = left[0]
+            return (f"mpifc: rank {r} ended its job in phase {phase!r} without receiving {_kind_name(kind)} "
+                    f"from rank {src} (its part of the protocol skipped); ending the job")
         waits = [f"rank {r} {describe_wait(r, (v.awaiting, v.awaiting_kind))}" for r, v in ranks[:4]]
         more = f"; and {len(ranks) - 4} more ranks" if len(ranks) > 4 else ""
         return f"mpifc: every rank waits and none sends ({'; '.join(waits)}{more}); ending the job"

@@ -266,21 +266,33 @@ class NodeView:
                     pass
         return out
 
-    def exit_together(self, code: int, tell_peers: bool, timeout_s: float | None = None) -> None:
-        """Exit with ``code`` together with the other ranks of this node (``tell_peers``: ask
-        them first, with SIGUSR1; see :mod:`mpifc.runtime.signals`).
+    def claim_aborter(self) -> bool:
+        """Claim the node's one ``MPI_Abort`` (``aborter``, created exclusively): True for the
+        first rank of the node to ask, which then ends the job; the others wait for it."""
+        try:
+            fd = os.open(self.folder / "aborter", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except OSError:
+            return False
+        try:
+            os.write(fd, str(self.rank).encode())
+        finally:
+            os.close(fd)
+        return True
 
-        The launcher kills every rank still running soon after one exits, and then reports the
-        killed rank's signal (9) rather than the code the ranks exit with: so each rank notes
-        that it is ready (``rank-R.exit``) and waits until every other rank of the node is ready
-        or gone, and they all exit in the same moment with one code. The wait lasts at most
-        ``timeout_s`` (default: the liveness limit, at least 1 s): on a loaded node a peer's
-        signal thread may take seconds to run, and a peer silent for longer is frozen or stuck,
-        which the node sentinel reports and ends in the same time.
-        """
+    def aborter_claimed(self) -> bool:
+        """Whether a rank of this node has claimed the job's ``MPI_Abort``."""
+        return (self.folder / "aborter").exists()
+
+    def gather_peers(self, tell_peers: bool, timeout_s: float | None = None) -> None:
+        """Note that this rank is ready to end (``rank-R.exit``, its partial outputs removed) and
+        wait until every other rank of the node is ready or gone (``tell_peers``: ask them first,
+        with SIGUSR1; see :mod:`mpifc.runtime.signals`). The wait lasts at most ``timeout_s``
+        (default: the liveness limit, at least 1 s): on a loaded node a peer's signal thread may
+        take seconds to run, and a peer silent for longer is frozen or stuck, which the node
+        sentinel reports and ends in the same time."""
         from mpifc.runtime.sentinel import gone
 
-        timeout_s = max(1.0, self.limit) if timeout_s is None else timeout_s
+        timeout_s = self.end_wait_s() if timeout_s is None else timeout_s
         peers = {r: pid for r, pid in self.local_pids().items() if r != self.rank and pid != os.getpid()}
         if tell_peers:
             for pid in peers.values():
@@ -293,6 +305,21 @@ class NodeView:
         while time.monotonic() < until and not all(
                 gone(pid) or (self.folder / f"rank-{r}.exit").exists() for r, pid in peers.items()):
             time.sleep(0.001)
+
+    def end_wait_s(self) -> float:
+        """How long a failing rank waits for its node's peers: the liveness limit, at least 1 s."""
+        return max(1.0, self.limit)
+
+    def exit_together(self, code: int, tell_peers: bool, timeout_s: float | None = None) -> None:
+        """Exit with ``code`` together with the other ranks of this node (see :meth:`gather_peers`).
+
+        For ranks outside MPI (before ``MPI_Init`` or after ``MPI_Finalize``): the launcher does
+        not end the job when such a rank exits. A rank inside MPI must not exit on its own while
+        the job fails: the launcher kills every other rank at once and reports the killed rank's
+        signal (9) rather than the code; those ranks end through one ``MPI_Abort``
+        (:mod:`mpifc.runtime.failure`).
+        """
+        self.gather_peers(tell_peers, timeout_s)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -17,8 +17,8 @@ takes them with :func:`signal.sigwaitinfo`, which also says who sent them:
       mpifc: rank 2 received SIGTERM (from process 4711); ending the job
 
 * SIGUSR1 from a peer that has said the line ending the job (:mod:`mpifc.runtime.failure`):
-  the rank removes its partial outputs and exits with that line's code, so every rank of the
-  job exits with one code and the launcher reports it (no rank killed, no second line).
+  the rank removes its partial outputs and leaves with that line's code, through the job's one
+  ``MPI_Abort``, so the launcher reports that code (no second line).
 
 The line is said once per job (:func:`mpifc.runtime.sentinel.claim`). A process the rank starts
 inherits the blocked signals; the node sentinel, the only one, unblocks them.
@@ -71,17 +71,14 @@ class SignalThread:
                 self._signalled(info.si_signo, info.si_pid)
 
     def _peer_ends_job(self) -> None:
-        from mpifc.runtime import node, outputs
+        from mpifc.runtime import node
+        from mpifc.runtime.failure import end_for_peer
 
         view = node.current()
         code = view.said_code() if view is not None else None
         if code is None:
             return  # nobody ended the job: not a peer's request
-        staged = outputs.current()
-        if staged is not None:
-            staged.discard()
-        view.unmark("end")
-        view.exit_together(code, tell_peers=False)
+        end_for_peer(code)
 
     def _signalled(self, signum: int, sender: int) -> None:
         from mpifc.runtime import node

@@ -406,17 +406,25 @@ class Transport:
     def unreceived(self) -> tuple[int, str] | None:
         """``(source rank, kind name)`` of a message that has arrived here and was never received,
         or None (only messages already delivered to this rank are seen)."""
-        status = MPI.Status()
-        if not self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        found = self.unreceived_tag()
+        if found is None:
             return None
-        tag = status.Get_tag()
+        source, tag = found
         try:
             from mpifc.runtime.kinds import kind_by_id
 
             name = kind_by_id(tag).name
         except KeyError:
             name = f"tag {tag}"
-        return status.Get_source(), name
+        return source, name
+
+    def unreceived_tag(self) -> tuple[int, int] | None:
+        """``(source rank, tag)`` of a message that has arrived here and was never received, or
+        None (a probe: safe from another thread, e.g. the heartbeats')."""
+        status = MPI.Status()
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            return None
+        return status.Get_source(), status.Get_tag()
 
     def barrier(self) -> None:
         """A barrier over the communicator that honours the deadline (not counted: no payload)."""

@@ -25,12 +25,18 @@ def test_rank_that_raises_aborts_whole_job_and_names_rank():
     assert "Traceback" in r.stderr  # a bug gets its traceback
 
 
-def test_user_error_on_one_rank_is_one_line_and_exit_code_2():
-    r, elapsed = _run(["usererror", "1"])
+@pytest.mark.parametrize("mode", ["usererror", "usererror-native"])
+def test_user_error_on_one_rank_is_one_line_and_exit_code_2(mode):
+    # usererror-native: the peers are inside a blocking MPI receive or a native computation. A
+    # rank inside MPI that exits on its own makes the launcher kill the others and report their
+    # signal (9); the job must end through one MPI_Abort with the line's code, and MPICH's own
+    # abort line must not reach the user.
+    r, elapsed = _run([mode, "1"])
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert elapsed < 15, elapsed
     assert "mpifc: rank 1: UserError: planted failure on purpose" in r.stderr
     assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["mpifc: rank 1: UserError: planted failure on purpose"], r.stderr
 
 
 def test_deadline_is_the_jobs_wall_clock_limit_and_says_what_each_rank_does():

@@ -3,6 +3,8 @@
 Modes:
   raise     rank RANK raises ValueError while the others wait for it in a receive
   usererror rank RANK raises UserError (exit code 2)
+  usererror-native  rank RANK raises UserError while rank 0 waits inside a blocking MPI receive
+            and the other ranks compute in native code (matrix products)
   deadline  a job with a 4 s wall-clock limit: rank 0 waits for a 'test.never' message while
             rank 1 computes (sleeps) for 600 s; rank 3 holds the GIL for 2 s as the job ends
   deadlock  rank 0 waits for a message from rank 1, which waits for one from rank 0 (liveness 1 s)
@@ -33,6 +35,23 @@ def make_raiser(bad_rank: int, exc: type[BaseException]):
             raise exc(f"planted failure on purpose")
         # Everyone else waits for a message that would come only after the failure point.
         ctx.transport.recv(bad_rank, GO)
+        return 0
+    return main
+
+
+def make_native_raiser(bad_rank: int):
+    def main(ctx: JobContext) -> int:
+        if ctx.rank == bad_rank:
+            time.sleep(0.2)
+            raise UserError("planted failure on purpose")
+        if ctx.rank == 0:
+            ctx.comm.recv(source=bad_rank, tag=77)  # inside MPI_Recv: no Python runs on this thread
+            return 0
+        a = np.random.default_rng(ctx.rank).random((300, 300))
+        end = time.monotonic() + 60.0
+        while time.monotonic() < end:
+            a = a @ a
+            a /= a.max()
         return 0
     return main
 
@@ -106,6 +125,8 @@ if __name__ == "__main__":
         run_job(make_raiser(bad, ValueError))
     elif mode == "usererror":
         run_job(make_raiser(bad, UserError))
+    elif mode == "usererror-native":
+        run_job(make_native_raiser(bad))
     elif mode == "deadline":
         run_job(deadline_main, deadline=4.0)
     elif mode in ("deadlock", "sendlock", "busy"):
