@@ -35,6 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpifc.circuit.arrays import distinct_ints
+
 _CHUNK = 256
 """Rows per block of the assignment step (scikit-learn's ``CHUNK_SIZE``): the distance products
 are formed per block, as the estimator forms them, so that they round alike."""
@@ -313,7 +315,7 @@ def _lloyd(data: np.ndarray, centres: np.ndarray, tol: float, inertia: bool = Tr
 def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether each label of ``a`` maps to a single label of ``b`` (scikit-learn's one-way test
     of two clusterings being the same up to renaming)."""
-    for u in np.unique(a):
+    for u in distinct_ints(a):
         mapped = b[a == u]
         if np.any(mapped != mapped[0]):
             return False

@@ -34,6 +34,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mpifc.circuit.arrays import distinct_ints
+
 MIN_LEAF_ROWS = 5
 """``k``: the fewest rows any leaf, cluster or mixture component is fitted on, and the fewest
 rows that must hold a value before it may stand in a message or model file."""
@@ -101,7 +103,7 @@ def value_patterns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         f32 = v.astype(np.float32)
     f32 = f32[np.isfinite(f32)]
     u64 = np.concatenate([v.view(np.uint64), f32.astype(np.float64).view(np.uint64)])
-    return np.unique(u64), np.unique(f32.view(np.uint32))
+    return distinct_ints(u64), distinct_ints(f32.view(np.uint32))
 
 
 def sorted_member(values: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -147,8 +149,8 @@ def find_values(data: Any, patterns: tuple[np.ndarray, np.ndarray], float32_arra
         for arr in float32_arrays:
             words = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1).view(np.uint32)
             hits32.append(words[sorted_member(words, u32)])
-    f64 = np.unique(np.concatenate(hits64)).view(np.float64) if hits64 else np.empty(0)
-    f32 = np.unique(np.concatenate(hits32)).view(np.float32).astype(np.float64) if hits32 else np.empty(0)
+    f64 = distinct_ints(np.concatenate(hits64)).view(np.float64) if hits64 else np.empty(0)
+    f32 = distinct_ints(np.concatenate(hits32)).view(np.float32).astype(np.float64) if hits32 else np.empty(0)
     return {"float64": f64, "float32": f32}
 
 

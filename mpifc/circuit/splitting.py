@@ -151,6 +151,22 @@ def _thread_pools() -> Any:
 
 _SINGLE_THREAD_DEPTH = [0]
 
+_POOL_ENV = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+"""The variables by which a BLAS library overrides ``OMP_NUM_THREADS`` when it starts its pool."""
+
+
+def pools_single_by_environment(env: Any = None) -> bool:
+    """Whether the environment already starts every native pool with one thread:
+    ``OMP_NUM_THREADS=1`` (OpenMP, and each BLAS unless overridden) and no BLAS-specific
+    variable (:data:`_POOL_ENV`) that asks for more. The pools read them when they start, so
+    limiting them again would only cost the discovery (some 20 ms of CPU per process, paid by
+    every rank of a job that learns; ``mpifc.experiments`` starts its ranks so, and so may a user)."""
+    import os
+
+    env = os.environ if env is None else env
+    one = lambda v: v is not None and v.strip() == "1"  # noqa: E731
+    return one(env.get("OMP_NUM_THREADS")) and all(env.get(k) is None or one(env.get(k)) for k in _POOL_ENV)
+
 
 @contextmanager
 def single_native_thread() -> Iterator[None]:
@@ -158,9 +174,10 @@ def single_native_thread() -> Iterator[None]:
     one it does nothing, since every split of LearnSPN would otherwise pay the limit's ~1 ms).
 
     LearnSPN makes thousands of small BLAS/OpenMP calls; their thread start-up and, on a shared
-    machine, oversubscription cost more than the arithmetic.
+    machine, oversubscription cost more than the arithmetic. Where the environment already
+    starts every pool with one thread (:func:`pools_single_by_environment`) it does nothing.
     """
-    if _SINGLE_THREAD_DEPTH[0]:
+    if _SINGLE_THREAD_DEPTH[0] or pools_single_by_environment():
         yield
         return
     with _thread_pools().limit(limits=1):

@@ -184,7 +184,9 @@ class SendAudit:
                 where = np.full(vals.size, -1, dtype=np.int64)
                 for j in range(len(names) - 1, -1, -1):
                     col = table[:, j]
-                    where[np.isin(vals, col[~np.isnan(col)])] = j
+                    # np.isin(vals, col), by binary search in the sorted column (np.isin on floats
+                    # would import numpy.ma, a cost every client rank pays once)
+                    where[sorted_member(vals, np.sort(col[~np.isnan(col)]))] = j
                 self._rare = (vals, where, names)
             self._patterns = value_patterns(self._rare[0])
         return self._rare
@@ -272,12 +274,15 @@ class SendAudit:
         if vals.size:
             f32 = _float32_arrays(arr if not blob else None, obj, buf if blob and k.payload == "model_parameters" else None)
             found = find_values(buf, self._patterns, f32, big_endian=arr is None)  # a pickle's floats
-            hit = np.unique(np.concatenate([found["float64"], found["float32"]]))
+            hit = np.sort(np.concatenate([found["float64"], found["float32"]]))
+            hit = hit[np.concatenate([[True], hit[1:] != hit[:-1]])] if hit.size else hit  # distinct (no NaN)
             if hit.size:
                 rare, rare32 = int(hit.size), int(found["float32"].size)
-                # the values hit: bit for bit, or through their float32 rounding
+                # the values hit: bit for bit, or through their float32 rounding (np.isin, by
+                # binary search in the sorted hits)
                 with np.errstate(over="ignore"):
-                    held = np.isin(vals, hit) | np.isin(vals.astype(np.float32), hit.astype(np.float32))
+                    held = sorted_member(vals, hit) | sorted_member(vals.astype(np.float32),
+                                                                    np.sort(hit.astype(np.float32)))
                 columns = sorted({names[int(j)] for j in where[held] if j >= 0})
         rec = {"src": self.rank, "dst": int(dest), "kind": k.name, "payload": k.payload,
                "shape": None if shape is None else list(shape), "dtype": "pickle" if arr is None else str(arr.dtype),

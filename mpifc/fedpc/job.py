@@ -23,15 +23,17 @@ from mpifc.runtime.liveness import DEFAULT_LIMIT_S
 
 
 # -- train ---------------------------------------------------------------------------------------
-def _train_job(ctx: Any) -> int:
+def _train_job(ctx: Any, manifest: Any = None) -> int:
+    """One rank's training job; ``manifest``: the shard set's manifest, if read already."""
     from data_prep.shards import load_manifest
     from mpifc.fedpc.train import train_rank
 
     cfg = ctx.config
-    audit = _install_audit(ctx, cfg, load_manifest(cfg["dir"]), train=True)
+    m = load_manifest(cfg["dir"]) if manifest is None else manifest
+    audit = _install_audit(ctx, cfg, m, train=True)
     if audit is None:
-        audit = _install_model_check(ctx, cfg, load_manifest(cfg["dir"]))
-    summary = train_rank(ctx, cfg, load_manifest(cfg["dir"]))
+        audit = _install_model_check(ctx, cfg, m)
+    summary = train_rank(ctx, cfg, m)
     _finish_audit(ctx, cfg, audit)
     if summary is not None:
         cfg["_summary"] = summary
@@ -162,7 +164,7 @@ def train(cfg: dict[str, Any], *, deadline: float | None = None, ledger: str | N
         warn_idle_ranks(ctx, n_servers + m.n_clients,
                         f"training {m.n_clients} clients" + (f" with {n_servers} servers" if n_servers > 1 else ""))
         with progress.ticker("mpifc train", bool(cfg.get("progress")) and ctx.rank == 0):
-            return _train_job(ctx)
+            return _train_job(ctx, m)
 
     return run_job(job, config=cfg, servers=n_servers, min_clients=m.n_clients,
                    deadline=deadline, liveness=liveness, ledger_csv=ledger, on_ledger=on_ledger, device=device)

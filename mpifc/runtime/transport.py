@@ -67,7 +67,8 @@ from mpifc.runtime.bufpool import RecvBufferPool
 from mpifc.runtime.payload import CODE_DTYPES_BF16, as_array, byte_view, decode, to_wire_array
 from mpifc.runtime.kinds import MessageKind, as_kind
 from mpifc.runtime.ledger import CommLedger
-from mpifc.runtime.watchdog import IDLE as _WATCHDOG_IDLE, backoff, new_guard, wake as _wake_watchdog
+from mpifc.runtime.watchdog import (IDLE as _WATCHDOG_IDLE, LONG_RECV_MAX_SLEEP_S, LONG_WAIT_MAX_SLEEP_S, backoff,
+                                    new_guard, wake as _wake_watchdog)
 
 INLINE_MAX_BYTES = 16 * 1024
 CHUNK_BYTES = 1 << 30           # keeps each MPI count far below 2**31 - 1
@@ -469,14 +470,15 @@ class Transport:
         what = " or ".join(repr(k.name) for k in kinds)
         return f"a {what} message from {who}"
 
-    def _poll(self, test: Callable[[], bool], spin_s: float, deadline: float | None = None) -> bool:
+    def _poll(self, test: Callable[[], bool], spin_s: float, deadline: float | None = None,
+              long_max_s: float = LONG_WAIT_MAX_SLEEP_S) -> bool:
         """Call ``test`` until it is true (-> True) or the deadline passes (-> False).
 
         Spins for ``spin_s`` first (latency), yielding the core every few polls as MPICH's own
         blocking calls do, so that on an oversubscribed node the peer we wait for gets to run;
         then sleeps with back-off (:func:`mpifc.runtime.watchdog.backoff`: up to ``max_sleep_s``,
-        then longer as the wait lasts), so a rank that waits long for a computing peer does not
-        burn a core.
+        then longer as the wait lasts, up to ``long_max_s``), so a rank that waits long for a
+        computing peer does not burn a core.
         """
         if test():
             return True
@@ -490,7 +492,7 @@ class Transport:
             if backing_off:
                 time.sleep(sleep)
                 now = time.perf_counter()
-                sleep = backoff(sleep, now - t0, self.max_sleep_s)
+                sleep = backoff(sleep, now - t0, self.max_sleep_s, long_max_s)
                 if now >= deadline_at:
                     return False
                 continue
@@ -679,7 +681,8 @@ class Transport:
         who = None if source == MPI.ANY_SOURCE else [source]
         describe = lambda: self._waiting_for(who, [kind])  # noqa: E731
         left = self.deadline - (_perf() - t0)
-        if not self._poll(lambda: req.Test(status), spin, deadline=left):
+        # one message from one peer: the rarer polls of a long receive (mpifc.runtime.watchdog)
+        if not self._poll(lambda: req.Test(status), spin, deadline=left, long_max_s=LONG_RECV_MAX_SLEEP_S):
             if alive:
                 pre.Cancel()  # first, as the watchdog does
             req.Cancel()

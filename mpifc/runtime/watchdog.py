@@ -23,7 +23,13 @@ Waits polled from Python (sends, barriers, a header wait past its soft limit, th
 waits for several peers) sleep between polls with :func:`backoff`: doubling up to a couple of
 milliseconds, then, once the wait has lasted, up to 2 % of the time already waited (at most 20
 ms): a peer computing for seconds costs the waiting rank some 50 polls a second, not 500, for
-at most 2 % more latency.
+at most 2 % more latency. A receive's wait for one message, once past its soft limit, backs off
+further, to at most 100 ms (:data:`LONG_RECV_MAX_SLEEP_S`, reached after 5 s): on a node of many
+more ranks than cores each poll takes the core from a rank that computes (127 clients waiting
+for a 128-rank job's server, 50 polls a second each, took about half a core of 2 while the
+server wrote the model). Collectives and sends keep the 20 ms: a collective completes only
+after several rounds, each waiting for some rank's next poll. A silent or ended peer is found by
+the heartbeats (:mod:`mpifc.runtime.liveness`), never by these polls.
 """
 from __future__ import annotations
 
@@ -39,14 +45,16 @@ GRACE_S = 2.0    # after cancelling, how long before a still-blocked wait aborts
 LONG_WAIT_SHARE = 0.02
 """A long polled wait sleeps at most this share of the time it has already waited..."""
 LONG_WAIT_MAX_SLEEP_S = 0.02
-"""...and at most this long between two polls."""
+"""...and at most this long between two polls..."""
+LONG_RECV_MAX_SLEEP_S = 0.1
+"""...or this long, in a receive's wait for one message past its soft limit (module doc)."""
 
 
-def backoff(sleep: float, waited: float, max_sleep_s: float) -> float:
+def backoff(sleep: float, waited: float, max_sleep_s: float, long_max_s: float = LONG_WAIT_MAX_SLEEP_S) -> float:
     """The next sleep between two polls of a wait that has lasted ``waited`` seconds, after one
     of ``sleep``: doubling up to ``max_sleep_s``, then up to :data:`LONG_WAIT_SHARE` of ``waited``
-    (at most :data:`LONG_WAIT_MAX_SLEEP_S`)."""
-    return min(2.0 * sleep, max(max_sleep_s, min(LONG_WAIT_SHARE * waited, LONG_WAIT_MAX_SLEEP_S)))
+    (at most ``long_max_s``: :data:`LONG_WAIT_MAX_SLEEP_S`, or :data:`LONG_RECV_MAX_SLEEP_S`)."""
+    return min(2.0 * sleep, max(max_sleep_s, min(LONG_WAIT_SHARE * waited, long_max_s)))
 
 
 _INF = float("inf")

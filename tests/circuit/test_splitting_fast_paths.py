@@ -118,3 +118,29 @@ def test_dependency_components_closure_equals_breadth_first_search() -> None:
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and np.array_equal(g, w), t
     assert splitting.dependency_components(np.zeros((0, 0), dtype=bool)) == []
+
+
+def test_native_pools_are_left_alone_only_where_the_environment_pins_them_to_one_thread() -> None:
+    """``single_native_thread`` skips threadpoolctl only where every pool starts with one thread:
+    ``OMP_NUM_THREADS=1`` and no BLAS-specific variable asking for more."""
+    single = splitting.pools_single_by_environment
+    assert single({"OMP_NUM_THREADS": "1"})
+    assert single({"OMP_NUM_THREADS": " 1 ", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert not single({})
+    assert not single({"OMP_NUM_THREADS": "2"})
+    for var in splitting._POOL_ENV:  # a BLAS reads its own variable before OMP_NUM_THREADS
+        assert not single({"OMP_NUM_THREADS": "1", var: "4"}), var
+
+
+def test_distinct_ints_equals_numpy_unique() -> None:
+    """The sorted distinct values of integer and raw-bits arrays, as ``np.unique`` gives them."""
+    from mpifc.circuit.arrays import distinct_ints
+
+    rng = np.random.default_rng(7)
+    for t in range(200):
+        n = int(rng.integers(0, 50))
+        a = rng.integers(-5, 6, size=n) if t % 2 else rng.random(n).view(np.uint64)
+        if t % 5 == 0:
+            a = a.reshape(-1, 1)
+        got, want = distinct_ints(a), np.unique(a)
+        assert got.dtype == want.dtype and np.array_equal(got, want), t

@@ -80,6 +80,8 @@ def test_learnspn_train_loads_no_torch_and_no_warm_up(learnspn_model):
     for c in clients:
         assert c["role"] == "client" and c["notes"] == {"learners": ["learnspn"], "warm_up": False}
         assert "scipy" not in c["modules"]  # RDC splits and k-means: numpy and SciPy's BLAS only
+        # OMP_NUM_THREADS=1 (tests.mpi_util) already starts every native pool with one thread
+        assert "threadpoolctl" not in c["modules"]
 
 
 def test_warm_up_only_when_asked_and_same_model(learnspn_model, shards):
