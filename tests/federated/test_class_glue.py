@@ -217,6 +217,29 @@ def test_a_many_class_vertical_job_on_default_flags_answers_as_the_enumeration(t
     assert json.loads(ev.stdout.strip().splitlines()[-1])["accuracy"] == pytest.approx(accuracy, abs=1e-12)
     assert accuracy > 0.5  # 24 classes: chance is 1/24
 
+    # over the ranks: the label owner's class PCs travel as row terms (one value per path to a
+    # target leaf), their class terms once; the class log-joints are the enumeration's, and the
+    # ledger holds exactly those values
+    npz, ledger = tmp_path / "joint.npz", tmp_path / "ledger.csv"
+    r = run_mpi(3, ["-m", "mpifc", "evaluate", str(shards), "--model", str(model), "--distributed", "--quiet",
+                    "--batch", "20", "--output-npz", str(npz), "--ledger", str(ledger), "--liveness", "60"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert np.max(np.abs(np.load(npz)["joint"] - want)) < 1e-9
+    owned = {n.id: _target_paths(n.leaf.model.root, n.leaf.model.scope[n.leaf.features.index("kind")])
+             for n in fm.fc.leaves if "kind" in n.leaf.features}
+    assert max(owned.values()) < 24  # fewer values than classes per PC
+    with open(ledger, newline="") as f:
+        rows = list(csv.DictReader(f))
+    n_test, k = len(x), 24
+    crossing = [nid for ids in fm.fc.rank_edges().values() for nid in ids]
+    per_row = sum(owned.get(nid, 1) for nid in crossing)
+    values = [row for row in rows if row["kind"] == "fc.query.values"]
+    assert len(values) == 2 * -(-n_test // 20)
+    assert sum(int(row["payload_bytes"]) for row in values) == 8 * n_test * per_row
+    terms = [row for row in rows if row["kind"] == "fc.query.class_terms"]
+    assert [(row["src"], row["dst"]) for row in terms] == [(str(fm.fc.nodes[next(iter(owned))].rank), "0")]
+    assert int(terms[0]["payload_bytes"]) == 8 * (len(owned) + k * sum(owned.values()))
+
     ask, answers = tmp_path / "ask.csv", tmp_path / "answers.csv"
     with open(data, newline="") as f:
         rows = list(csv.reader(f))
@@ -234,3 +257,25 @@ def test_a_many_class_vertical_job_on_default_flags_answers_as_the_enumeration(t
     assert [r["kind"] for r in got_rows] == [str(fm.classes[k]) for k in p.argmax(1)]
     probs = np.array([[float(r[f"p_{c}"]) for c in fm.classes] for r in got_rows])
     assert np.allclose(probs.sum(1), 1.0, atol=1e-6) and np.allclose(probs, p, atol=1e-6)
+    # the same rows over the ranks (row terms of the class PCs, then the querier's joint)
+    mpi_answers = tmp_path / "answers-mpi.csv"
+    r = run_mpi(3, ["-m", "mpifc", "query", str(model), "--data", str(ask), "--what", "predict", "--distributed",
+                    "--out", str(mpi_answers), "--quiet", "--liveness", "60"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    with open(mpi_answers, newline="") as f:
+        mpi_rows = list(csv.DictReader(f))
+    assert [r["kind"] for r in mpi_rows] == [r["kind"] for r in got_rows]
+    mpi_probs = np.array([[float(r[f"p_{c}"]) for c in fm.classes] for r in mpi_rows])
+    assert np.max(np.abs(mpi_probs - probs)) < 1e-9
+
+
+def _target_paths(g, var):
+    """Paths from a client PC's node ``g`` down to leaves of variable ``var`` (the terms of its
+    class values: one child per product holds it, every child of a sum)."""
+    from mpifc.circuit.graph import LeafNode, ProductNode
+
+    if isinstance(g, LeafNode):
+        return int(g.var == var)
+    if isinstance(g, ProductNode):
+        return sum(_target_paths(ch, var) for ch in g.children if var in ch.scope)
+    return sum(_target_paths(ch, var) for ch in g.children)
