@@ -33,6 +33,8 @@ defaults), for a PC of ``n`` rows and ``d`` columns:
   a Gaussian would put a variance-floor spike on it in every slice where it is constant),
   Gaussians for the others, and Laplace smoothing ``alpha = 0.01`` (a pseudo-count per bin or
   value, small against a slice's rows).
+* the class glue's pool of rare classes, target included -> row clusters down to
+  :data:`POOL_MIN_SLICE` rows, whatever the column split.
 * a PC that holds the target -> two candidates, chosen between on held-out rows by macro F1
   of the target (:func:`target_candidates`; the client's own validation rows when its shard
   has some, else a fifth of the PC's rows, after which the winner is refitted on all of them):
@@ -113,6 +115,14 @@ RDC_THRESHOLD = 0.3
 RDC_SLICE_FRACTION = 0.1
 RDC_MIN_SLICE = (10, 100)
 """RDC LearnSPN: ``min_instances_slice = clip(round(RDC_SLICE_FRACTION * n), *RDC_MIN_SLICE)``."""
+
+POOL_MIN_SLICE = 10
+"""Rows below which the class glue's pool of rare classes (a PC over the rows of classes its client
+holds fewer than five rows of, target included) stops cutting row clusters: twice the k-rows rule's
+five, so that a split leaves at least five rows each side. Its class probabilities are those of
+its clusters' target leaves, which the finest clusters keep closest to one class each (on
+horizontal clients, where a class's rows are spread over the clients, most classes are pooled;
+``launch/bench/usertables.py --many-classes`` measures it)."""
 
 RDC_LEAF = "mixed"
 RDC_ALPHA = 0.01
