@@ -322,7 +322,8 @@ class FlatCircuit:
         :class:`_Terms` (:attr:`node_terms`), its row terms ``a_i(x)`` ``(batch, n_terms)``;
         ``logsumexp_i (a_i(x) + node_terms[nid].logt[i, c])`` is its ``log p(target = c, x)``."""
         values = self.root_values(x)
-        return {nid: t.rows(values) for nid, t in self.node_terms.items()}
+        padded = np.concatenate([values, np.zeros((len(values), 1))], axis=1)  # the last column: no factor
+        return {nid: t.padded_rows(padded) for nid, t in self.node_terms.items()}
 
 
 @dataclass
@@ -402,7 +403,13 @@ class _Terms:
 
     def rows(self, values: np.ndarray) -> np.ndarray:
         """The row terms ``a_i`` ``(b, n_terms)`` from the roots' log-values ``(b, n_roots)``."""
-        return np.concatenate([values, np.zeros((len(values), 1))], axis=1)[:, self.idx].sum(axis=2) + self.const
+        return self.padded_rows(np.concatenate([values, np.zeros((len(values), 1))], axis=1))
+
+    def padded_rows(self, padded: np.ndarray) -> np.ndarray:
+        """:meth:`rows` from the roots' log-values followed by a column of zeros."""
+        if self.idx.shape[1] == 1:
+            return padded[:, self.idx[:, 0]] + self.const
+        return padded[:, self.idx].sum(axis=2) + self.const
 
     def joint(self, values: np.ndarray) -> np.ndarray:
         """``(b, n_classes)`` log-joints from the roots' log-values ``values`` ``(b, n_roots)``."""
