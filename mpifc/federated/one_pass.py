@@ -775,7 +775,9 @@ class OnePassBuilder:
 
         holders = sum(1 for d in decls if target is not None and target in d.features)
         learners = [self.learners.get(d.index, self.learner) for d in decls]
-        return default_glue(setting, holders, len(decls), min(int(d.n_rows) for d in decls), learners)
+        classes = max([int(d.n_categories[d.features.index(target)] or 0) for d in decls
+                       if target is not None and target in d.features] + [0])
+        return default_glue(setting, holders, len(decls), min(int(d.n_rows) for d in decls), learners, classes)
 
     @staticmethod
     def _check_class_glue(decls: Sequence[ClientDeclaration], meta: dict[str, str], cats: dict[str, int],

@@ -81,6 +81,10 @@ def test_defaults_choose_the_class_glue_for_classification():
     assert default_glue("hybrid", 2, 2, 5000) == "class" and default_glue("horizontal", 3, 3, 999) == "class"
     # from 1,000 rows per client a client's own held-out choice of model decides
     assert default_glue("horizontal", 3, 3, 1000) == "random"
+    # past 32 classes no client chooses its model on held-out rows: the class glue pools its
+    # rare classes instead
+    assert default_glue("horizontal", 3, 3, 1000, n_classes=32) == "random"
+    assert default_glue("horizontal", 3, 3, 5000, n_classes=33) == "class"
     assert default_glue("hybrid", 1, 2) == "random"  # a label owner on hybrid data
     assert default_glue("central", 1, 1) == "random" and default_glue("horizontal", 0, 3) == "random"
     assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "flat") == ("em", CLASS_GLUE_EM_ITERS)
