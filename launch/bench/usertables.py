@@ -133,8 +133,9 @@ def ask_rows(csv_path: Path, target: str, out: Path, n: int = 10) -> None:
             w.writerow(cells)
 
 
-def hgb(csv_path: Path, target: str, shards: Path) -> dict[str, float]:
-    """Central HistGradientBoosting on the central shards' training and test rows (by sample id)."""
+def hgb(csv_path: Path, target: str, shards: Path, max_iter: int = 100) -> dict[str, float]:
+    """Central HistGradientBoosting (``max_iter`` iterations) on the shards' training rows (every
+    client's, by sample id) and test rows."""
     import h5py
     import numpy as np
     import pandas as pd
@@ -149,11 +150,14 @@ def hgb(csv_path: Path, target: str, shards: Path) -> dict[str, float]:
         if kind == "categorical":
             x[c] = x[c].astype("category")
     y = df[target].astype(str).to_numpy()
-    with h5py.File(shards / "client-0.h5", "r") as f:
-        train = np.asarray(f["train/ids"])
+    train = set()
+    for path in sorted(shards.glob("client-*.h5")):
+        with h5py.File(path, "r") as f:
+            train.update(int(i) for i in f["train/ids"][:])
+    train = np.array(sorted(train))
     with h5py.File(shards / "test.h5", "r") as f:
         test = np.asarray(f["ids"])
-    model = HistGradientBoostingClassifier(categorical_features="from_dtype", random_state=0)
+    model = HistGradientBoostingClassifier(categorical_features="from_dtype", random_state=0, max_iter=max_iter)
     model.fit(x.iloc[train], y[train])
     pred = model.predict(x.iloc[test])
     return {"accuracy": float(accuracy_score(y[test], pred)),
@@ -179,6 +183,46 @@ def many_class_table(path: Path, n_classes: int, seed: int = 0) -> int:
         for i in range(len(y)):
             w.writerow([f"{v:.4f}" for v in x[i]] + [int(count[i]), int(noise[i]), f"c{y[i]}"])
     return len(y)
+
+
+HGB_MANY_ITERS = 20
+"""Iterations of the accuracy peer at many classes (one tree per class and iteration)."""
+
+ASK_ROWS = 10
+
+
+def distributed_rates(res: dict[str, Any], d: Path, ask: Path, clients: int, work: Path, timeout: float) -> str | None:
+    """Class-query rows/s of ``mpifc evaluate`` in one process and ``--distributed`` (each its
+    own ``query_seconds`` over the test rows), the distributed ledger's bytes, and the wall time of
+    ``mpifc query --what predict --distributed`` on the ask rows, into ``res``; a failure's
+    line, or None."""
+    py = sys.executable
+    mpiexec = str(Path(py).parent / "mpiexec")
+    ledger = d / "ledger-evaluate.csv"
+    runs = {
+        "gathered": [py, "-m", "mpifc", "evaluate", str(d / "shards"), "--model", str(d / "fc.h5"), "--json"],
+        "distributed": [mpiexec, "-n", str(clients + 1), py, "-m", "mpifc", "evaluate", str(d / "shards"), "--model",
+                        str(d / "fc.h5"), "--distributed", "--json", "--ledger", str(ledger)],
+        "query_distributed": [mpiexec, "-n", str(clients + 1), py, "-m", "mpifc", "query", str(d / "fc.h5"), "--data",
+                              str(ask), "--what", "predict", "--distributed", "--out", str(d / "predict-mpi.csv")],
+    }
+    for name, cmd in runs.items():
+        r = timed(cmd, work, timeout)
+        if r["code"] != 0 or "Traceback" in r["err"]:
+            return f"{name} exit {r['code']}: {r['err'].strip()[-800:]}"
+        if name == "query_distributed":
+            res["query_distributed_wall"] = r["wall"]
+            continue
+        out = json.loads([ln for ln in r["out"].splitlines() if ln.startswith("{")][-1])
+        res[f"{name}_rows_s"] = out["n_test"] / out["query_seconds"]
+        res[f"{name}_accuracy"] = out["accuracy"]
+    with ledger.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    res["distributed_bytes"] = sum(int(x["total_bytes"]) for x in rows)
+    res["class_terms_bytes"] = sum(int(x["total_bytes"]) for x in rows if x["kind"] == "fc.query.class_terms")
+    if res["distributed_accuracy"] != res["gathered_accuracy"]:
+        return f"distributed accuracy {res['distributed_accuracy']} != one process's {res['gathered_accuracy']}"
+    return None
 
 
 MANY_CLASSES = Table("classes", "", "", "y", "a synthetic target of many classes, half of them with 2 rows")
@@ -226,7 +270,7 @@ def run_table(table: Table, settings: list[str], work: Path, timeout: float, say
     data = work / f"{table.name}.csv"
     rows = many_class_table(data, n_classes) if n_classes else export(table, data)
     ask = work / f"{table.name}-ask.csv"
-    ask_rows(data, table.target, ask)
+    ask_rows(data, table.target, ask, ASK_ROWS)
     say(f"== {table.name} ({table.package}/{table.item}, {rows} rows, target {table.target}): {table.why}")
     py = sys.executable
     mpiexec = str(Path(py).parent / "mpiexec")
@@ -261,10 +305,13 @@ def run_table(table: Table, settings: list[str], work: Path, timeout: float, say
             if name == "train":
                 with (d / "ledger.csv").open(newline="") as f:
                     res["bytes_train"] = sum(int(x["payload_bytes"]) + int(x["header_bytes"]) for x in csv.DictReader(f))
+        if failed is None and n_classes:  # the class queries over the ranks beside one process
+            failed = distributed_rates(res, d, ask, clients, work, timeout)
         res["failed"] = failed
         if failed is None and setting == "central" and not n_classes:
             res["hgb"] = hgb(data, table.target, d / "shards")
         if failed is None and n_classes:
+            res["hgb"] = hgb(data, table.target, d / "shards", max_iter=HGB_MANY_ITERS)
             res["rate"] = predict_rate(d / "fc.h5", d / "shards", data, table.target)
             say(f"{table.name} {setting}: {n_classes} classes, {rows} rows: data_prep {res['prep_wall']:.1f} s, train "
                 f"{res['train_wall']:.1f} s, evaluate {res['evaluate_wall']:.1f} s, query predict {res['predict_wall']:.1f} s "
@@ -272,6 +319,11 @@ def run_table(table: Table, settings: list[str], work: Path, timeout: float, say
                 f"{res['rate']['ours_wall']:.0f} rows/s wall, {res['rate']['ours_cpu']:.0f} rows/s CPU; a 20-iteration "
                 f"HistGradientBoosting's {res['rate']['hgb_wall']:.0f} / {res['rate']['hgb_cpu']:.0f} "
                 f"| load {os.getloadavg()[0]:.1f}")
+            say(f"{table.name} {setting}: evaluate's class queries {res['gathered_rows_s']:.0f} rows/s in one process, "
+                f"{res['distributed_rows_s']:.0f} rows/s over {clients + 1} ranks ({res['distributed_rows_s'] / res['gathered_rows_s']:.2f}x; "
+                f"{res['distributed_bytes'] / 1e6:.2f} MB in its ledger, of which class terms "
+                f"{res['class_terms_bytes'] / 1e3:.1f} kB); query predict --distributed {res['query_distributed_wall']:.1f} s "
+                f"for {ASK_ROWS} rows (one process {res['predict_wall']:.1f} s) | load {os.getloadavg()[0]:.1f}")
         results.append(res)
         if failed:
             say(f"{table.name} {setting}: FAILED {failed}")

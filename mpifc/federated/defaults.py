@@ -33,6 +33,8 @@ defaults), for a PC of ``n`` rows and ``d`` columns:
   a Gaussian would put a variance-floor spike on it in every slice where it is constant),
   Gaussians for the others, and Laplace smoothing ``alpha = 0.01`` (a pseudo-count per bin or
   value, small against a slice's rows).
+* the class glue's pool of rare classes, target included -> row clusters down to
+  :data:`POOL_MIN_SLICE` rows, whatever the column split.
 * a PC that holds the target -> two candidates, chosen between on held-out rows by macro F1
   of the target (:func:`target_candidates`; the client's own validation rows when its shard
   has some, else a fifth of the PC's rows, after which the winner is refitted on all of them):
@@ -54,7 +56,8 @@ its clusters by their rows); every other single-owner subspace gets the paper's 
 
 The glue (``--glue``; :func:`default_glue`): the ``class`` glue on vertical data with a target,
 on hybrid data where every client holds the target, and on horizontal data whose smallest client
-has fewer than 1,000 training rows; elsewhere (no target, one client, larger horizontal clients)
+has fewer than 1,000 training rows or whose target has more than :data:`MAX_SCORED_CLASSES`
+classes; elsewhere (no target, one client, larger horizontal clients of fewer classes)
 the paper's ``random`` glue. Under the class glue, a client that holds the target
 splits the rows of its subspaces by the class (the class is its own knowledge, so only counts
 per class travel), and the root mixes one product per class over every subspace's class PCs
@@ -66,7 +69,9 @@ and the joint model, made on a client's few held-out rows, is noisy on small cli
 cancer, 45-230 rows per client: accuracy 0.88-0.92 on a hard test split, 0.95-0.97 pooled);
 from 1,000 rows per client that choice is sound, and the joint model it picks on Income and
 Give Me Some Credit gives a higher macro F1 than the class split (0.75 against 0.73, 0.68
-against 0.67). On vertical data the
+against 0.67). Past :data:`MAX_SCORED_CLASSES` classes no choice is made (the class split,
+unscored), and a client's class split gives every class it holds fewer than five rows of its
+whole distribution: the class glue pools those classes instead (:data:`POOL_MIN_SLICE`). On vertical data the
 other clients' subspaces are k-means clustered (K = 4, one more per 800 rows beyond 3,200, at most
 16: :func:`default_clusters`) and joined with every class
 (combinatorial weights), and sampled EM (``--refine em``, at most :data:`CLASS_GLUE_EM_ITERS`
@@ -113,6 +118,14 @@ RDC_THRESHOLD = 0.3
 RDC_SLICE_FRACTION = 0.1
 RDC_MIN_SLICE = (10, 100)
 """RDC LearnSPN: ``min_instances_slice = clip(round(RDC_SLICE_FRACTION * n), *RDC_MIN_SLICE)``."""
+
+POOL_MIN_SLICE = 10
+"""Rows below which the class glue's pool of rare classes (a PC over the rows of classes its client
+holds fewer than five rows of, target included) stops cutting row clusters: twice the k-rows rule's
+five, so that a split leaves at least five rows each side. Its class probabilities are those of
+its clusters' target leaves, which the finest clusters keep closest to one class each (on
+horizontal clients, where a class's rows are spread over the clients, most classes are pooled;
+``launch/bench/usertables.py --many-classes`` measures it)."""
 
 RDC_LEAF = "mixed"
 RDC_ALPHA = 0.01
@@ -250,17 +263,19 @@ HORIZONTAL_CLASS_GLUE_ROWS = 1000
 
 
 def default_glue(setting: str, target_holders: int, n_clients: int, min_rows: int = 0,
-                 learners: Sequence[str] = ()) -> str:
+                 learners: Sequence[str] = (), n_classes: int = 0) -> str:
     """The glue when ``--glue`` is not given (module doc): ``class`` on vertical data with a
     target, on hybrid data whose every client holds the target, and on horizontal data (two
     clients or more, all holding the target) with a client of fewer than
-    :data:`HORIZONTAL_CLASS_GLUE_ROWS` training rows; else the paper's ``random``.
+    :data:`HORIZONTAL_CLASS_GLUE_ROWS` training rows or a target of more than
+    :data:`MAX_SCORED_CLASSES` classes; else the paper's ``random``.
 
     Args:
         setting: the shards' setting.
         target_holders: clients holding the classification target (0: none, or no target).
         n_clients: clients in the federation.
         min_rows: the smallest client's training rows.
+        n_classes: the target's classes (0: unknown or none).
         learners: the clients' learners (FC[DT], ``dt``, averages one tree per client at the
             root: no glue applies, and the paper's is recorded).
     """
@@ -269,7 +284,8 @@ def default_glue(setting: str, target_holders: int, n_clients: int, min_rows: in
     if setting == "vertical" and target_holders >= 1:
         return "class"
     if n_clients > 1 and target_holders == n_clients:
-        if setting == "hybrid" or (setting == "horizontal" and int(min_rows) < HORIZONTAL_CLASS_GLUE_ROWS):
+        if setting == "hybrid" or (setting == "horizontal" and (int(min_rows) < HORIZONTAL_CLASS_GLUE_ROWS
+                                                               or int(n_classes) > MAX_SCORED_CLASSES)):
             return "class"
     return "random"
 
@@ -327,7 +343,7 @@ RULE_HELP = (
     "the target first (target_first) and the joint LearnSPN with Gaussian leaves. K (--clusters) "
     "is 1 for the subspace holding the target and for a one-client federation, else 2. The glue is "
     "'class' on vertical data with a target, on hybrid data whose every client holds it and on "
-    "horizontal data whose smallest client has fewer than 1,000 rows "
+    "horizontal data whose smallest client has fewer than 1,000 rows or whose target has more than 32 classes "
     "(the target's holders split their rows by class; on vertical data the other clients' subspaces "
     "get K = n/800 between 4 and 16 and --refine em runs up to 100 iterations of sampled EM on the server over the "
     "values of every PC on 2,048 rows, sent once, --em-rows), "

@@ -241,7 +241,8 @@ class FlatCircuit:
     missing (marginalised). The target's column is ignored when ``target`` is set.
     """
 
-    def __init__(self, fc: FederatedCircuit, target: str | None = None) -> None:
+    def __init__(self, fc: FederatedCircuit, target: str | None = None,
+                 terms_of: list[int] | None = None) -> None:
         self.features = tuple(fc.features)
         self.target = target
         col_of = {f: j for j, f in enumerate(self.features)}
@@ -253,9 +254,19 @@ class FlatCircuit:
             if self.n_classes < 2:
                 raise UserError(f"target {target!r} is not discrete (n_categories={self.n_classes}); "
                                 f"conditionals need classes")
-        nodes, roots, models, self._terms = _unroll(fc, col_of, target, self.n_classes,
-                                                    separable=self.n_classes >= SEPARABLE_CLASSES)
-        if self._terms is not None and not roots:  # every term a constant: one root of log 1
+        self.node_terms: dict[int, _Terms] = {}
+        if terms_of is None:
+            nodes, roots, models, self._terms = _unroll(fc, col_of, target, self.n_classes,
+                                                        separable=self.n_classes >= SEPARABLE_CLASSES)
+        else:  # the program's roots: the factors of the given nodes' terms (row_terms)
+            if target is None:
+                raise UserError("class terms need a target")
+            nodes, _, models, found = _unroll(fc, col_of, target, self.n_classes, terms_of=terms_of)
+            ids = [nid for nid in terms_of if found[nid] is not None]
+            roots, made = _Terms.of_many([found[nid] for nid in ids], nodes, self.n_classes)
+            self.node_terms = dict(zip(ids, made))
+            self._terms = None
+        if (self._terms is not None or terms_of is not None) and not roots:  # every term a constant: one root of log 1
             nodes.append(0.0)
             roots = [len(nodes) - 1]
         self.codings = _codings(nodes, {col_of[f]: int(k) for f, k in fc.n_categories.items()
@@ -306,6 +317,14 @@ class FlatCircuit:
             out[lo:lo + b] = vals if self._terms is None else self._terms.joint(vals)
         return out
 
+    def row_terms(self, x: np.ndarray) -> dict[int, np.ndarray]:
+        """With ``terms_of``: per node given there whose class query has the form of
+        :class:`_Terms` (:attr:`node_terms`), its row terms ``a_i(x)`` ``(batch, n_terms)``;
+        ``logsumexp_i (a_i(x) + node_terms[nid].logt[i, c])`` is its ``log p(target = c, x)``."""
+        values = self.root_values(x)
+        padded = np.concatenate([values, np.zeros((len(values), 1))], axis=1)  # the last column: no factor
+        return {nid: t.padded_rows(padded) for nid, t in self.node_terms.items()}
+
 
 @dataclass
 class _Terms:
@@ -349,18 +368,48 @@ class _Terms:
     def of(cls, found: list[tuple[float, list[int], np.ndarray]], nodes: list[Any],
            n_classes: int) -> tuple[list[int], _Terms]:
         """The program roots (the terms' non-constant factors, distinct) and the terms."""
+        roots, (terms,) = cls.of_many([found], nodes, n_classes)
+        return roots, terms
+
+    @classmethod
+    def of_many(cls, founds: list[list[tuple[float, list[int], np.ndarray]]], nodes: list[Any],
+                n_classes: int) -> tuple[list[int], list[_Terms]]:
+        """:meth:`of` for several roots' terms over one program: its roots are the distinct
+        non-constant factors of them all."""
         roots: dict[int, int] = {}
-        const, rows = [], []
-        for k, factors, _ in found:
-            k += sum(nodes[f] for f in factors if isinstance(nodes[f], float))
-            rows.append([roots.setdefault(f, len(roots)) for f in factors if not isinstance(nodes[f], float)])
-            const.append(k)
-        width = max([len(r) for r in rows] + [1])
-        idx = np.full((len(rows), width), len(roots), dtype=np.intp)
-        for i, r in enumerate(rows):
-            idx[i, :len(r)] = r
-        logt = np.stack([t for _, _, t in found]).reshape(len(found), n_classes)
-        return list(roots), cls(np.asarray(const, dtype=np.float64), idx, logt, len(roots))
+        parts = []
+        for found in founds:
+            const, rows = [], []
+            for k, factors, _ in found:
+                k += sum(nodes[f] for f in factors if isinstance(nodes[f], float))
+                rows.append([roots.setdefault(f, len(roots)) for f in factors if not isinstance(nodes[f], float)])
+                const.append(k)
+            parts.append((found, const, rows))
+        out = []
+        for found, const, rows in parts:
+            width = max([len(r) for r in rows] + [1])
+            idx = np.full((len(rows), width), len(roots), dtype=np.intp)
+            for i, r in enumerate(rows):
+                idx[i, :len(r)] = r
+            logt = np.stack([t for _, _, t in found]).reshape(len(found), n_classes)
+            out.append(cls(np.asarray(const, dtype=np.float64), idx, logt, len(roots)))
+        return list(roots), out
+
+    @classmethod
+    def given(cls, logt: np.ndarray) -> _Terms:
+        """Terms whose row terms are given as they are (:meth:`joint` of ``a`` ``(b, n_terms)``)."""
+        n = logt.shape[0]
+        return cls(np.zeros(n), np.arange(n, dtype=np.intp)[:, None], logt, n)
+
+    def rows(self, values: np.ndarray) -> np.ndarray:
+        """The row terms ``a_i`` ``(b, n_terms)`` from the roots' log-values ``(b, n_roots)``."""
+        return self.padded_rows(np.concatenate([values, np.zeros((len(values), 1))], axis=1))
+
+    def padded_rows(self, padded: np.ndarray) -> np.ndarray:
+        """:meth:`rows` from the roots' log-values followed by a column of zeros."""
+        if self.idx.shape[1] == 1:
+            return padded[:, self.idx[:, 0]] + self.const
+        return padded[:, self.idx].sum(axis=2) + self.const
 
     def joint(self, values: np.ndarray) -> np.ndarray:
         """``(b, n_classes)`` log-joints from the roots' log-values ``values`` ``(b, n_roots)``."""
@@ -369,7 +418,7 @@ class _Terms:
         step = max(1, CHUNK_ELEMS // max(1, self.idx.size))
         for lo in range(0, b, step):
             v = values[lo:lo + step]
-            a = np.concatenate([v, np.zeros((len(v), 1))], axis=1)[:, self.idx].sum(axis=2) + self.const
+            a = self.rows(v)
             top = a.max(axis=1, keepdims=True)
             top[~np.isfinite(top)] = 0.0
             with np.errstate(under="ignore", divide="ignore", invalid="ignore"):
@@ -405,14 +454,18 @@ class _Terms:
 
 # ------------------------------------------------------------------------------------ building
 def _unroll(fc: FederatedCircuit, col_of: dict[str, int], target: str | None,
-            n_classes: int, separable: bool = False) -> tuple[list[Any], list[int], list[_Model], _Terms | None]:
+            n_classes: int, separable: bool = False, terms_of: list[int] | None = None
+            ) -> tuple[list[Any], list[int], list[_Model], Any]:
     """The program's nodes (children first), the root of each class and the client models that
     are not circuits. Constant children of a product are folded into its ``const``.
 
     ``separable``: instead of a root per class, the root as :class:`_Terms` over the program's
     roots (its factors), or ``None`` for the terms when the circuit is not of that form (a client
     model holding the target that is not a circuit, a product with the target in two children,
-    more than :data:`MAX_TERMS` terms)."""
+    more than :data:`MAX_TERMS` terms).
+
+    ``terms_of``: no roots; the last item is, per node id given, its terms (the found list of
+    :meth:`_Terms.of_many`) or None where it has not that form."""
     tcol = -1 if target is None else col_of[target]
     classes: list[int | None] = list(range(n_classes)) if target is not None else [None]
     nodes: list[Any] = []
@@ -543,6 +596,9 @@ def _unroll(fc: FederatedCircuit, col_of: dict[str, int], target: str | None,
             return mix([fc_terms(ch) for ch in n.children], logw)
         return None
 
+    if terms_of is not None:
+        return nodes, [], models, {nid: fc_terms(nid) if target in fc.nodes[nid].scope else None
+                                   for nid in terms_of}
     if separable and target is not None and target in fc.nodes[fc.root].scope:
         found = fc_terms(fc.root)
         if found is not None:

@@ -364,7 +364,8 @@ DEFAULTS_MODES = ("adaptive", "learner")
 each learner's own defaults."""
 
 
-def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[dict[str, Any]]:
+def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int, cluster: int | None = None
+                    ) -> list[dict[str, Any]]:
     """The learner hyperparameters of one PC of ``task`` fitted on ``n_rows`` rows: the plan's
     (the user's) keys, completed by :func:`mpifc.federated.defaults.adaptive_hyperparameters`
     when ``plan.defaults == "adaptive"``; several candidates where the defaults leave a choice to
@@ -374,8 +375,13 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[d
     A LearnSPN PC that holds a target of :data:`~mpifc.federated.flat.SEPARABLE_CLASSES` classes
     or more sizes its RDC features per column (``rdc_widths="own"``, unless the user set it): with
     the shared width, the target's hundreds of values would widen every column's features to
-    as many, and the eigensolves grow with the cube of that width."""
-    from mpifc.federated.defaults import adaptive_hyperparameters, target_candidates
+    as many, and the eigensolves grow with the cube of that width.
+
+    ``cluster``: the PC's cluster id; the class glue's pool of rare classes (cluster id = the
+    number of classes, :func:`pool_rare_classes`) holding the target is cut into row clusters
+    down to :data:`~mpifc.federated.defaults.POOL_MIN_SLICE` rows (with the adaptive defaults,
+    unless the user set ``min_instances_slice``)."""
+    from mpifc.federated.defaults import POOL_MIN_SLICE, adaptive_hyperparameters, target_candidates
     from mpifc.federated.flat import SEPARABLE_CLASSES
 
     explicit = {k: v for k, v in plan.hyperparameters.items()
@@ -393,6 +399,9 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int) -> list[d
     if (task.learner == "learnspn" and plan.target in task.features and n_classes >= SEPARABLE_CLASSES
             and "rdc_widths" not in hp):
         hp["rdc_widths"] = "own"
+    if (plan.defaults == "adaptive" and task.by_class and cluster == task.n_clusters and task.learner == "learnspn"
+            and plan.target in task.features and "min_instances_slice" not in explicit):
+        hp["min_instances_slice"] = POOL_MIN_SLICE
     if hp.get(TARGET_FIRST) == "auto" and not holds:
         hp.pop(TARGET_FIRST)
     out = []
@@ -427,7 +436,7 @@ def held_out_macro_f1(model: Any, rows: np.ndarray, target: int, n_classes: int)
 
 
 def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.ndarray, seed: int,
-           held: np.ndarray | None = None, **extra: Any) -> Any:
+           held: np.ndarray | None = None, cluster: int | None = None, **extra: Any) -> Any:
     """Fit one PC of ``task`` on ``x`` ``(n, len(task.features))`` with its
     :func:`leaf_candidates`; the model records what it was fitted with (``fit_record``).
 
@@ -441,7 +450,7 @@ def fit_pc(fit: Callable[..., Any], plan: FederationPlan, task: LeafTask, x: np.
 
     meta = [plan.meta_types[f] for f in task.features]
     ks = [plan.n_categories.get(f, 0) for f in task.features]
-    cands = leaf_candidates(plan, task, len(x))
+    cands = leaf_candidates(plan, task, len(x), cluster)
     n_classes = int(plan.n_categories.get(plan.target, 0) or 0) if plan.target else 0
     choice: dict[str, Any] | None = None
     hp = cands[0]
@@ -597,7 +606,7 @@ def _fit_by_class(plan: FederationPlan, t: LeafTask, client: int, xs: np.ndarray
                 whole = fit_pc(fit, plan, t, xs, derive_seed(t.seed, 0x616C6C), var_min_var=floors, **on)
             out.append(LeafReport(client, t.subspace, k, len(xs), t.learner, t.features, copy.deepcopy(whole)))
             continue
-        model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), var_min_var=floors, **on)
+        model = fit_pc(fit, plan, t, rows, derive_seed(t.seed, k), cluster=k, var_min_var=floors, **on)
         out.append(LeafReport(client, t.subspace, k, len(rows), t.learner, t.features, model))
     return out
 
@@ -766,7 +775,9 @@ class OnePassBuilder:
 
         holders = sum(1 for d in decls if target is not None and target in d.features)
         learners = [self.learners.get(d.index, self.learner) for d in decls]
-        return default_glue(setting, holders, len(decls), min(int(d.n_rows) for d in decls), learners)
+        classes = max([int(d.n_categories[d.features.index(target)] or 0) for d in decls
+                       if target is not None and target in d.features] + [0])
+        return default_glue(setting, holders, len(decls), min(int(d.n_rows) for d in decls), learners, classes)
 
     @staticmethod
     def _check_class_glue(decls: Sequence[ClientDeclaration], meta: dict[str, str], cats: dict[str, int],
@@ -1035,7 +1046,7 @@ def record_hyperparameters(fc: FederatedCircuit, plan: FederationPlan) -> Federa
         task = tasks.get((n.leaf.client, n.leaf.subspace))
         hp: dict[str, Any] = {}
         if task is not None:
-            cands = leaf_candidates(plan, task, int(n.leaf.n_rows))
+            cands = leaf_candidates(plan, task, int(n.leaf.n_rows), int(n.leaf.cluster))
             names = ["class_split" if "class_column" in c else "joint" for c in cands]
             chosen = rec.get("choice", {}).get("chosen")
             hp = cands[names.index(chosen)] if chosen in names and len(cands) > 1 else cands[0]

@@ -30,6 +30,7 @@ from mpifc.fedpc import protocol as P
 from mpifc.atomic import OutputKind, atomic_write_bytes
 from mpifc.federated.placement import place_models
 from mpifc.fedpc.checks import check_model_matches, check_root_on_querier
+from mpifc.fedpc.class_terms import ClassTerms, uses_class_terms
 from mpifc.fedpc.devices import device_for, place_for_rank
 from mpifc.fedpc.query import await_sends, batches, own_evidence, post_evidence, receive_evidence, upward_pass, warm_up
 
@@ -71,13 +72,17 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
         own = read_client(cfg["dir"], client_at[ctx.rank].index)
         if cfg.get("query_rows"):
             own.x_test, own.ids_test = _tile(own.x_test, n), _tile(own.ids_test, n)
+    # Many classes: nodes carried as terms (mpifc.fedpc.class_terms), their program built here.
+    terms = ClassTerms(fc, ctx.rank, query) if uses_class_terms(query) and ctx.rank in fc.ranks() else None
     # First-call set-up (imports, kernels) before the clock, as in a process that evaluated before.
-    warm_up(fc, ctx.rank, query)
+    warm_up(fc, ctx.rank, query, terms=terms)
     # Everyone has loaded its models and rows: from here on the clock measures queries only.
     t.barrier()
     if ctx.rank not in fc.ranks():
         return None
     ctx.ledger.set_phase("query-setup")
+    if terms is not None:
+        terms.plan(t)
     if ctx.rank == 0 and not evidence_from_querier:
         want = ids_digest(test.ids)
         for c in sorted(fc.clients.values(), key=lambda c: c.index):
@@ -118,7 +123,7 @@ def evaluate_rank(ctx: Any, cfg: dict[str, Any]) -> dict[str, Any] | None:
         else:
             cols = own_evidence(own, lo, hi)
         done, sends = sends, []
-        root = upward_pass(t, fc, ctx.rank, cols, hi - lo, query, sends=sends)
+        root = upward_pass(t, fc, ctx.rank, cols, hi - lo, query, sends=sends, terms=terms)
         await_sends(t, done)  # the previous batch's values
         if in_flight and ctx.rank == 0:
             await_sends(t, in_flight.popleft())  # batch b's evidence (its values came back)

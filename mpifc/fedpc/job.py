@@ -89,7 +89,8 @@ def resolve_glue_and_refine(cfg: dict[str, Any], manifest: Any) -> dict[str, Any
     learners = [(cfg.get("client_learners") or {}).get(c, cfg.get("learner") or "learnspn") for c in range(n)]
     if cfg.get("glue") is None:
         rows = min((int(c.get("n_train") or 0) for c in manifest.clients), default=0)
-        cfg["glue"] = default_glue(manifest.setting, holders, n, rows, learners)
+        classes = int((manifest.features.get(target) or {}).get("n_categories") or 0) if target is not None else 0
+        cfg["glue"] = default_glue(manifest.setting, holders, n, rows, learners, classes)
     if cfg.get("refine") is None:
         refine, iters = default_refine(manifest.setting, cfg["glue"], holders, n, learners,
                                        cfg.get("assign") or "flat")

@@ -29,6 +29,11 @@ EVIDENCE = register_kind("fc.query.evidence", "evidence",
                          "querier -> client (horizontal): query rows over the client's features")
 VALUES = register_kind("fc.query.values", "likelihood_vector",
                        "rank -> parent rank: per-sample log-values of the nodes crossing this link")
+CLASS_TERMS = register_kind("fc.query.class_terms", "model_parameters",
+                            "rank -> parent rank (class queries of 16+ classes), once before the first batch: "
+                            "per node crossing the link that holds the target its number of terms (0: sent "
+                            "as class values), then each such node's class terms (its target leaves' "
+                            "log-probabilities of each class), float64")
 EM_STRUCTURE = register_kind("fc.em.structure", "model_parameters",
                              "server -> client: the assembled FC without leaf models (for exact EM)")
 FLOWS = register_kind("fc.em.flows", "flow", "parent rank -> child rank: per-sample flows of crossing nodes")
@@ -117,6 +122,7 @@ PAYLOAD_SHAPES: dict[str, Shape] = {
     DONE.name: Shape("pickle"), QUERY_DECLARE.name: Shape("pickle"),
     EVIDENCE.name: Shape("array", "f", ("rows", "n")),
     VALUES.name: Shape("array", "f", ("rows",)),
+    CLASS_TERMS.name: Shape("array", "f", ("n",)),
     EM_STRUCTURE.name: Shape("array", "u", ("n",)),
     FLOWS.name: Shape("array", "f", ("rows",)),
     EM_STATS.name: Shape("array", "f", ("n",)),

@@ -182,7 +182,7 @@ def await_sends(transport: Any, pending: list[Any]) -> None:
 
 def upward_pass(transport: Any, fc: FederatedCircuit, rank: int, cols: Columns, batch: int,
                 query: Query = Query(), values: dict[int, np.ndarray] | None = None,
-                sends: list[Any] | None = None) -> np.ndarray | None:
+                sends: list[Any] | None = None, terms: Any = None) -> np.ndarray | None:
     """Run one upward pass; returns the root's ``(batch, m)`` log-values on the root's rank.
 
     Args:
@@ -191,6 +191,8 @@ def upward_pass(transport: Any, fc: FederatedCircuit, rank: int, cols: Columns, 
         sends: if given, the bundles to parent ranks are sent without waiting and their pending
             sends appended here (the caller waits on them; a pipelined query loop does so after
             starting its next batch). Otherwise each send completes before returning.
+        terms: a class query's :class:`~mpifc.fedpc.class_terms.ClassTerms` after its set-up
+            pass: the nodes it holds terms of are carried as row terms.
     """
     edges = fc.rank_edges()
     values = {} if values is None else values
@@ -198,7 +200,7 @@ def upward_pass(transport: Any, fc: FederatedCircuit, rank: int, cols: Columns, 
     # Bundles are taken in arrival order (a fast child is not kept waiting behind a slow one).
     for src, flat in await_messages(transport, sorted(incoming), P.VALUES) if incoming else []:
         ids = incoming[src]
-        widths = [node_width(fc, nid, query) for nid in ids]
+        widths = [node_width(fc, nid, query) if terms is None else terms.width(nid) for nid in ids]
         if flat.size != batch * sum(widths):
             raise UserError(f"rank {rank}: bundle from rank {src} has {flat.size} values, expected "
                             f"{batch * sum(widths)} for nodes {ids}")
@@ -207,10 +209,18 @@ def upward_pass(transport: Any, fc: FederatedCircuit, rank: int, cols: Columns, 
             values[nid] = flat[off: off + batch * m].reshape(batch, m)
             off += batch * m
     mine = [nid for nid in fc.reachable() if fc.nodes[nid].rank == rank]
+    rows = terms.leaf_rows(cols, batch) if terms is not None else {}
     for nid in mine:
         node = fc.nodes[nid]
-        if node.op == LEAF:
+        if nid in rows:
+            values[nid] = rows[nid]
+        elif node.op == LEAF:
             values[nid] = leaf_values(node, cols, query)
+        elif terms is not None and nid in terms.logt:
+            values[nid] = terms.combine(nid, [values[c] for c in node.children])
+        elif terms is not None:
+            values[nid] = combine(node, [terms.dense(c, values[c]) if c in terms.logt else values[c]
+                                         for c in node.children])
         else:
             values[nid] = combine(node, [values[c] for c in node.children])
     for (src, dst), ids in sorted(edges.items()):
@@ -222,14 +232,21 @@ def upward_pass(transport: Any, fc: FederatedCircuit, rank: int, cols: Columns, 
         else:
             sends.append(transport.isend(bundle, dst, P.VALUES))
     root = fc.nodes[fc.root]
-    return values[fc.root] if root.rank == rank else None
+    if root.rank != rank:
+        return None
+    if terms is not None and fc.root in terms.logt:
+        return terms.dense(fc.root, values[fc.root])
+    return values[fc.root]
 
 
-def warm_up(fc: FederatedCircuit, rank: int, query: Query = Query(), rows: int = 2) -> None:
+def warm_up(fc: FederatedCircuit, rank: int, query: Query = Query(), rows: int = 2, terms: Any = None) -> None:
     """Evaluate this rank's nodes once on ``rows`` all-missing rows, without messages (values of
     children on other ranks are zeros), so that lazy imports and first-call set-up (scipy's
     logsumexp, torch kernels) happen before a timed query loop, as they have in a process that
-    evaluated before."""
+    evaluated before. With class ``terms``: their leaves' program once, the nodes unexpanded."""
+    if terms is not None:
+        terms.leaf_rows({}, rows)
+        query = Query()
     values: dict[int, np.ndarray] = {}
     mine = [nid for nid in fc.reachable() if fc.nodes[nid].rank == rank]
     features = {f for nid in mine if fc.nodes[nid].op == LEAF for f in fc.nodes[nid].leaf.features}

@@ -32,6 +32,7 @@ from mpifc.federated.serialize import load_fc
 from mpifc.federated.structure import LEAF, FederatedCircuit
 from mpifc.fedpc import protocol as P
 from mpifc.fedpc.checks import check_root_on_querier
+from mpifc.fedpc.class_terms import ClassTerms, uses_class_terms
 from mpifc.fedpc.devices import place_for_rank
 from mpifc.fedpc.mpe import decision_pass, max_upward_pass
 from mpifc.fedpc.query import await_sends, batches, post_evidence, receive_evidence, upward_pass
@@ -90,6 +91,10 @@ def query_rank(ctx: Any, cfg: dict[str, Any], rows: np.ndarray | None) -> np.nda
         if k < 2:
             raise UserError(f"--target {target!r} is not a discrete column of the model")
         query = Query(target, k)
+    terms = None
+    if uses_class_terms(query):  # many classes: nodes carried as terms (mpifc.fedpc.class_terms)
+        terms = ClassTerms(fc, ctx.rank, query)
+        terms.plan(t)
     src = _Rows(list(fc.features), rows) if ctx.rank == 0 else None
     col = {f: j for j, f in enumerate(fc.features)}
     ctx.ledger.set_phase("query")
@@ -100,7 +105,7 @@ def query_rank(ctx: Any, cfg: dict[str, Any], rows: np.ndarray | None) -> np.nda
             await_sends(t, post_evidence(t, clients, src, lo, hi, target))
         cols = receive_evidence(t, mine) if mine is not None else {}
         if what in ("ll", "marginal", "predict"):
-            root = upward_pass(t, fc, ctx.rank, cols, k, query)
+            root = upward_pass(t, fc, ctx.rank, cols, k, query, terms=terms)
             if root is not None:
                 parts.append(root[:, 0] if what != "predict" else root)
             continue

@@ -118,6 +118,10 @@ def test_defaults_choose_the_class_glue_for_classification():
     assert default_glue("hybrid", 2, 2, 5000) == "class" and default_glue("horizontal", 3, 3, 999) == "class"
     # from 1,000 rows per client a client's own held-out choice of model decides
     assert default_glue("horizontal", 3, 3, 1000) == "random"
+    # past 32 classes no client chooses its model on held-out rows: the class glue pools its
+    # rare classes instead
+    assert default_glue("horizontal", 3, 3, 1000, n_classes=32) == "random"
+    assert default_glue("horizontal", 3, 3, 5000, n_classes=33) == "class"
     assert default_glue("hybrid", 1, 2) == "random"  # a label owner on hybrid data
     assert default_glue("central", 1, 1) == "random" and default_glue("horizontal", 0, 3) == "random"
     assert default_refine("vertical", "class", 1, 2, ["learnspn"] * 2, "flat") == ("em", CLASS_GLUE_EM_ITERS)
@@ -254,6 +258,29 @@ def test_a_many_class_vertical_job_on_default_flags_answers_as_the_enumeration(t
     assert json.loads(ev.stdout.strip().splitlines()[-1])["accuracy"] == pytest.approx(accuracy, abs=1e-12)
     assert accuracy > 0.5  # 24 classes: chance is 1/24
 
+    # over the ranks: the label owner's class PCs travel as row terms (one value per path to a
+    # target leaf), their class terms once; the class log-joints are the enumeration's, and the
+    # ledger holds exactly those values
+    npz, ledger = tmp_path / "joint.npz", tmp_path / "ledger.csv"
+    r = run_mpi(3, ["-m", "mpifc", "evaluate", str(shards), "--model", str(model), "--distributed", "--quiet",
+                    "--batch", "20", "--output-npz", str(npz), "--ledger", str(ledger), "--liveness", "60"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert np.max(np.abs(np.load(npz)["joint"] - want)) < 1e-9
+    owned = {n.id: _target_paths(n.leaf.model.root, n.leaf.model.scope[n.leaf.features.index("kind")])
+             for n in fm.fc.leaves if "kind" in n.leaf.features}
+    assert max(owned.values()) < 24  # fewer values than classes per PC
+    with open(ledger, newline="") as f:
+        rows = list(csv.DictReader(f))
+    n_test, k = len(x), 24
+    crossing = [nid for ids in fm.fc.rank_edges().values() for nid in ids]
+    per_row = sum(owned.get(nid, 1) for nid in crossing)
+    values = [row for row in rows if row["kind"] == "fc.query.values"]
+    assert len(values) == 2 * -(-n_test // 20)
+    assert sum(int(row["payload_bytes"]) for row in values) == 8 * n_test * per_row
+    terms = [row for row in rows if row["kind"] == "fc.query.class_terms"]
+    assert [(row["src"], row["dst"]) for row in terms] == [(str(fm.fc.nodes[next(iter(owned))].rank), "0")]
+    assert int(terms[0]["payload_bytes"]) == 8 * (len(owned) + k * sum(owned.values()))
+
     ask, answers = tmp_path / "ask.csv", tmp_path / "answers.csv"
     with open(data, newline="") as f:
         rows = list(csv.reader(f))
@@ -271,3 +298,25 @@ def test_a_many_class_vertical_job_on_default_flags_answers_as_the_enumeration(t
     assert [r["kind"] for r in got_rows] == [str(fm.classes[k]) for k in p.argmax(1)]
     probs = np.array([[float(r[f"p_{c}"]) for c in fm.classes] for r in got_rows])
     assert np.allclose(probs.sum(1), 1.0, atol=1e-6) and np.allclose(probs, p, atol=1e-6)
+    # the same rows over the ranks (row terms of the class PCs, then the querier's joint)
+    mpi_answers = tmp_path / "answers-mpi.csv"
+    r = run_mpi(3, ["-m", "mpifc", "query", str(model), "--data", str(ask), "--what", "predict", "--distributed",
+                    "--out", str(mpi_answers), "--quiet", "--liveness", "60"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    with open(mpi_answers, newline="") as f:
+        mpi_rows = list(csv.DictReader(f))
+    assert [r["kind"] for r in mpi_rows] == [r["kind"] for r in got_rows]
+    mpi_probs = np.array([[float(r[f"p_{c}"]) for c in fm.classes] for r in mpi_rows])
+    assert np.max(np.abs(mpi_probs - probs)) < 1e-9
+
+
+def _target_paths(g, var):
+    """Paths from a client PC's node ``g`` down to leaves of variable ``var`` (the terms of its
+    class values: one child per product holds it, every child of a sum)."""
+    from mpifc.circuit.graph import LeafNode, ProductNode
+
+    if isinstance(g, LeafNode):
+        return int(g.var == var)
+    if isinstance(g, ProductNode):
+        return sum(_target_paths(ch, var) for ch in g.children if var in ch.scope)
+    return sum(_target_paths(ch, var) for ch in g.children)

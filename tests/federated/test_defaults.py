@@ -176,3 +176,37 @@ def test_central_learns_one_pc_and_says_so():
     assert len(fc.leaves) == 1 and "K = 1" in fc.meta["central"]
     fc2 = build_single_process(OnePassBuilder(n_clusters=2), [(decl, x)], ["a", "b", "c"], None, "central")
     assert len(fc2.leaves) == 2 and "K = 2" in fc2.meta["central"]
+
+
+def test_the_pool_of_rare_classes_is_cut_into_clusters_of_ten_rows():
+    # 60 classes of 4 rows each on one client (every one below the k-rows rule's five: all
+    # pooled), around a centre per class: the pool's row clusters go down to POOL_MIN_SLICE rows
+    # (where a tenth of 240 rows would stop at 24), it records so, and its class probabilities
+    # are sharper for it than with the RDC's own slice
+    from mpifc.circuit.graph import LeafNode, SumNode
+    from mpifc.federated.evaluate import predict
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(60), 4)
+    x = np.column_stack([rng.normal(size=(60, 2))[y] * 4 + rng.normal(0, 0.3, (240, 2)), y]).astype(float)
+    shards = [(ClientDeclaration(0, ("a0", "a1", "y"), ("real", "real", "discrete"), (0, 0, 60), 240, "i"), x)]
+
+    def built(hp):
+        fc = build_single_process(OnePassBuilder(n_clusters=None, glue="class", hyperparameters=hp), shards,
+                                  ["a0", "a1", "y"], target="y", setting="horizontal")
+        (pool,) = [n.leaf for n in fc.leaves if n.leaf.cluster == 60]
+        assert pool.n_rows == 240
+        return fc, pool
+
+    fc, pool = built({})
+    (rec,) = [r for r in fc.meta["hyperparameters"]["0"] if r["cluster"] == 60]
+    assert rec["hyperparameters"]["min_instances_slice"] == D.POOL_MIN_SLICE == 10
+
+    def clusters(g):  # the pool's leaves' slices: products under the sums
+        return 0 if isinstance(g, LeafNode) else (sum(clusters(c) for c in g.children)
+                                                  + (len(g.children) if isinstance(g, SumNode) else 0))
+
+    coarse_fc, coarse = built({"min_instances_slice": 24})
+    assert clusters(pool.model.root) > clusters(coarse.model.root)
+    cols = {"a0": x[:, 0], "a1": x[:, 1], "y": np.full(240, np.nan)}
+    assert np.mean(predict(fc, cols) == y) > np.mean(predict(coarse_fc, cols) == y)
