@@ -323,13 +323,14 @@ def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _check(x: np.ndarray, n_clusters: int) -> np.ndarray:
-    """``x`` as a C-ordered float64 copy, with the estimator's errors for what it refuses."""
-    data = np.array(x, dtype=np.float64, order="C", copy=True)
+    """``x`` as a C-ordered float64 array (``x`` itself when it is one: never written to), with the
+    estimator's errors for what it refuses."""
+    data = np.asarray(x, dtype=np.float64, order="C")
     if data.ndim != 2:
         raise ValueError(f"Expected 2D array, got an array of shape {data.shape}")
-    if np.isnan(data).any():
-        raise ValueError("Input X contains NaN.")
     if not np.isfinite(data).all():
+        if np.isnan(data).any():
+            raise ValueError("Input X contains NaN.")
         raise ValueError("Input X contains infinity or a value too large for dtype('float64').")
     if data.shape[1] < 1 or data.shape[0] < 1:
         raise ValueError(f"Found array with shape {data.shape}: k-means needs a row and a column")
@@ -377,10 +378,12 @@ def kmeans_labels(x: np.ndarray, n_clusters: int, n_init: int, seed: int) -> np.
     if restarts < 1:
         raise ValueError(f"kmeans_labels: n_init must be >= 1, got {n_init!r}")
     data = _check(x, k)
-    tol = float(np.mean(np.var(data, axis=0))) * TOL
+    # np.var's own steps (column sums over the rows divided by n, the centred rows, their squares
+    # summed over the rows divided by n), keeping the centred rows, which k-means runs on
+    data = data - data.mean(axis=0)
+    tol = float(np.mean((data * data).sum(axis=0) / data.shape[0])) * TOL
     random_state = _seeded_random_state(int(seed))
     weights = np.ones(data.shape[0], dtype=np.float64)
-    data -= data.mean(axis=0)
     norms = _row_norms(data)
     best_labels, best_inertia = None, math.inf
     for _ in range(restarts):

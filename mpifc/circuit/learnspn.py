@@ -92,6 +92,10 @@ class _Slice:
     cols: np.ndarray
     attach: Any  # callable(Node) -> None
     skip_col_split: bool = False
+    # ``x[np.ix_(rows, cols)]`` when the parent had it at hand: a child's block is a row or column
+    # selection of its parent's, cheaper than a gather from ``x`` (the queue's blocks are disjoint
+    # parts of ``x``, so they never hold more than ``x``)
+    block: np.ndarray | None = None
 
 
 @dataclass
@@ -252,11 +256,13 @@ class _LeafMaker:
         node.n_fit = len(values)  # type: ignore[attr-defined]
         return node
 
-    def columns(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> list[LeafNode]:
+    def columns(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                block: np.ndarray | None = None) -> list[LeafNode]:
         """``[self(v, x[rows, v]) for v in cols]``: one leaf per column of a fully factorised
         slice, with its piecewise-linear leaves on fixed bins fitted together
         (:func:`~mpifc.circuit.leaves.piecewise_fit_fixed_columns`, bit-identical) and its
-        Bernoulli leaves from one count of ones (:meth:`_bernoullis`)."""
+        Bernoulli leaves, a single one too, from one count of ones (:meth:`_bernoullis`).
+        ``block``: ``x[np.ix_(rows, cols)]`` when the caller holds it (spares a gather)."""
         pw = [i for i, v in enumerate(cols) if self._kinds[v] == "piecewise"] if self._fixed else []
         fitted: dict[int, Any] = {}
         if len(pw) > 1 and len(rows):
@@ -264,8 +270,9 @@ class _LeafMaker:
             got = self._fit_pw_columns(x[np.ix_(rows, sel)], [self._bins[int(v)] for v in sel], **self._fixed_hp)
             fitted = {i: lf for i, lf in zip(pw, got) if lf is not None}
         bern = [i for i, v in enumerate(cols) if self._kinds[v] == "bernoulli"]
-        if len(bern) > 1 and len(rows):
-            fitted.update(zip(bern, self._bernoullis(x, rows, cols[bern])))
+        if bern and len(rows):
+            sub = None if block is None else block if len(bern) == len(cols) else block.take(bern, axis=1)
+            fitted.update(zip(bern, self._bernoullis(x, rows, cols[bern], sub)))
         gauss = [i for i, v in enumerate(cols) if self._kinds[v] == "gaussian"]
         if len(gauss) > 1 and len(rows):
             fitted.update(zip(gauss, self._gaussians(x, rows, cols[gauss])))
@@ -280,7 +287,8 @@ class _LeafMaker:
             out.append(node)
         return out
 
-    def _bernoullis(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> list[Any]:
+    def _bernoullis(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                    block: np.ndarray | None = None) -> list[Any]:
         """The Bernoulli leaves of the columns ``cols`` on ``rows`` (at least one), as
         :meth:`Bernoulli.fit <mpifc.circuit.leaves.Bernoulli.fit>` fits each: ``p = (n1 + alpha)
         / (n + 2 alpha)`` with the same float64 operations, ``n1`` counted for all columns at
@@ -288,7 +296,8 @@ class _LeafMaker:
         from mpifc.circuit.leaves import Bernoulli
 
         alpha = self._p.leaf_kwargs.get("alpha", self._p.alpha)
-        n1 = np.count_nonzero(_block(x, rows, cols) == 1, axis=0).astype(np.float64)
+        block = _block(x, rows, cols) if block is None else block
+        n1 = np.count_nonzero(block == 1, axis=0).astype(np.float64)
         probs = (n1 + alpha) / (np.float64(len(rows)) + 2 * alpha)
         return [Bernoulli(float(q), alpha) for q in probs]
 
@@ -486,12 +495,12 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
         queue.append(_Slice(np.arange(x.shape[0]), np.arange(x.shape[1]), holder.append,
                             skip_col_split=p.cluster_first))
 
-    def factorise(rows: np.ndarray, cols: np.ndarray, attach: Any) -> None:
+    def factorise(rows: np.ndarray, cols: np.ndarray, attach: Any, block: np.ndarray | None = None) -> None:
         if len(cols) == 1:
-            attach(make_leaf(int(cols[0]), x[rows, cols[0]]))
+            attach(make_leaf.columns(x, rows, cols, block)[0])
             return
         prod = ProductNode(scope=cols.tolist())
-        for leaf in make_leaf.columns(x, rows, cols):
+        for leaf in make_leaf.columns(x, rows, cols, block):
             prod.add_child(leaf)
         attach(prod)
 
@@ -499,22 +508,23 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
         task = queue.popleft()
         rows, cols = task.rows, task.cols
         if len(cols) == 1:
-            factorise(rows, cols, task.attach)
+            factorise(rows, cols, task.attach, task.block)
             continue
-        block = _block(x, rows, cols)
+        block = _block(x, rows, cols) if task.block is None else task.block
         const = _constant_columns(block, [meta[v] for v in cols])
         if const.any():
             if const.all():
-                factorise(rows, cols, task.attach)
+                factorise(rows, cols, task.attach, block)
                 continue
             prod = ProductNode(scope=cols.tolist())
-            for leaf in make_leaf.columns(x, rows, cols[const]):
+            for leaf in make_leaf.columns(x, rows, cols[const], block.compress(const, axis=1)):
                 prod.add_child(leaf)
             task.attach(prod)
-            queue.append(_Slice(rows, cols[~const], prod.add_child, task.skip_col_split))
+            queue.append(_Slice(rows, cols[~const], prod.add_child, task.skip_col_split,
+                                block.compress(~const, axis=1)))
             continue
         if len(rows) < p.min_instances_slice:
-            factorise(rows, cols, task.attach)
+            factorise(rows, cols, task.attach, block)
             continue
         if not task.skip_col_split:
             if p.col_split == "rdc":
@@ -526,20 +536,23 @@ def _grow(x: np.ndarray, info: _DataInfo, p: LearnSPNParams) -> Node:
                 prod = ProductNode(scope=cols.tolist())
                 task.attach(prod)
                 for g in groups:
-                    queue.append(_Slice(rows, cols[g], prod.add_child, skip_col_split=True))
+                    queue.append(_Slice(rows, cols[g], prod.add_child, skip_col_split=True,
+                                        block=block.take(g, axis=1)))
                 continue
         seed = int(rng.integers(0, 2**31 - 1))
         feats = clustering_features(block, categorical[cols], cards[cols], info.cluster_scales[cols])
         labels = absorb_small_clusters(feats, split_rows(feats, p.row_split, p.n_clusters, seed, n_init=p.n_init))
         n_groups = int(labels.max()) + 1
         if n_groups < 2:
-            factorise(rows, cols, task.attach)
+            factorise(rows, cols, task.attach, block)
             continue
         sums = SumNode(scope=cols.tolist())
         task.attach(sums)
         for c in range(n_groups):
-            sub = rows[labels == c]
-            queue.append(_Slice(sub, cols, _weighted_attach(sums, len(sub) / len(rows))))
+            mine = labels == c
+            sub = rows[mine]
+            queue.append(_Slice(sub, cols, _weighted_attach(sums, len(sub) / len(rows)),
+                                block=block.compress(mine, axis=0)))
 
     return holder[0]
 

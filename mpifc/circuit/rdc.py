@@ -539,7 +539,7 @@ def _gtest_binary(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     quarter of the one-hot product's work)."""
     n = data.shape[0]
     x = np.clip(data, 0.0, 1.0)
-    c11 = x.T @ x
+    c11 = _cooccurrences(x)
     n1 = np.diag(c11).copy()
     n0 = n - n1
     cells = ((c11, n1[:, None] * n1[None, :]), (n1[:, None] - c11, n1[:, None] * n0[None, :]),
@@ -551,6 +551,21 @@ def _gtest_binary(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             g += np.where(count > 0, count * np.log(count * max(n, 1) / outer), 0.0)
     present = (n1 > 0).astype(np.float64) + (n0 > 0)
     return 2.0 * g, np.outer(present - 1, present - 1)
+
+
+_FLOAT32_EXACT_ROWS = 2**24
+"""Below this many rows, counts of 0/1 entries are exact in float32 (every partial sum is an
+integer under 2^24)."""
+
+
+def _cooccurrences(x: np.ndarray) -> np.ndarray:
+    """``x.T @ x`` (float64) of a slice with entries in ``[0, 1]``. Entries all 0 or 1: the
+    product is made in float32, exact (integer counts below 2^24) and so the same to the bit,
+    at half the memory traffic of float64."""
+    if x.shape[0] < _FLOAT32_EXACT_ROWS and bool(((x == 0.0) | (x == 1.0)).all()):
+        x32 = x.astype(np.float32)
+        return (x32.T @ x32).astype(np.float64)
+    return x.T @ x
 
 
 def gtest_pvalues(data: np.ndarray, cards: Sequence[int]) -> np.ndarray:

@@ -116,13 +116,18 @@ def test_dependency_components_match_scipy() -> None:
     from mpifc.circuit.splitting import dependency_components
 
     rng = np.random.default_rng(9)
-    for _ in range(5):
-        adj = rng.random((40, 40)) < 0.03
+    # 40 columns: the transitive closure; 150: label propagation (with a chain, many hops)
+    for d in (40, 40, 40, 40, 40, 150, 150, 150):
+        adj = rng.random((d, d)) < 0.5 / d
+        if d > 64:
+            perm = rng.permutation(d)[: d // 2]
+            adj[perm[:-1], perm[1:]] = True
         adj = adj | adj.T
         np.fill_diagonal(adj, True)
         groups = dependency_components(adj)
         _, labels = connected_components(csr_matrix(adj), directed=False)
-        assert sorted(np.concatenate(groups).tolist()) == list(range(40))
+        assert sorted(np.concatenate(groups).tolist()) == list(range(d))
+        assert all(np.array_equal(g, np.sort(g)) for g in groups)
         for g in groups:
             assert len(set(labels[g])) == 1 and np.sum(labels == labels[g[0]]) == len(g)
         assert [int(g[0]) for g in groups] == sorted(int(g[0]) for g in groups)

@@ -4,8 +4,8 @@
   ``KMeans(...).fit_predict``'s labels, as LearnSPN calls it and as a bare call. This guards a
   scikit-learn upgrade as well: a change of the estimator's order of operations or of a default
   shows up here as a label mismatch (``tests/circuit/test_kmeans.py`` has more cases).
-* ``dependency_components`` (transitive closure for small ``d``) must give the breadth-first
-  search's groups, members and order.
+* ``dependency_components`` (transitive closure for small ``d``) must give the label
+  propagation's groups, members and order.
 """
 from __future__ import annotations
 
@@ -103,8 +103,8 @@ def test_direct_kmeans_falls_back_to_the_estimator_and_raises_its_errors() -> No
         kmeans_labels(x[:2], 3, 3, 0)
 
 
-def test_dependency_components_closure_equals_breadth_first_search() -> None:
-    """The closure path (d <= 64) gives exactly the search's groups: same members, same order."""
+def test_dependency_components_closure_equals_label_propagation() -> None:
+    """The closure path (d <= 64) gives exactly the label propagation's groups: same members, same order."""
     rng = np.random.default_rng(6)
     for t in range(300):
         d = int(rng.integers(1, 70))
@@ -113,7 +113,7 @@ def test_dependency_components_closure_equals_breadth_first_search() -> None:
             perm = rng.permutation(d)
             dep[perm[:-1], perm[1:]] = True
         got = splitting.dependency_components(dep)
-        want = splitting._components_bfs(dep)
+        want = splitting._components_by_labels(dep)
         assert len(got) == len(want), t
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and np.array_equal(g, w), t
