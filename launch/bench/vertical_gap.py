@@ -27,7 +27,7 @@ then, on the same training and test rows, accuracy and macro F1 of
   which would need that client to see the labels) and ``x0 HGB, x1 HGB`` (both discriminative:
   the ceiling of any model whose clients are independent given the class).
 
-Goal (issue: vertical and hybrid within 0.03 of central HGB, accuracy and macro F1).
+Goal: vertical and hybrid within 0.03 of central HGB, in accuracy and macro F1.
 
 Measured 2026-11-28 on 2 shared cores (1-minute load 13-42 from other jobs; accuracy does not
 depend on it), adult 20,000 rows (13,333 training), seeds 0-2 (each seed its own split of the
