@@ -56,6 +56,15 @@ def load_model(group: h5py.Group) -> Any:
     return model
 
 
+def model_class(model_type: str) -> type | None:
+    """The class whose loader is registered for ``model_type`` (a loader that is a classmethod
+    tells it), or None: what a model can do, asked without rebuilding it."""
+    if model_type not in _LOADERS:
+        _import_builtin_models(model_type)
+    owner = getattr(_LOADERS.get(model_type), "__self__", None)
+    return owner if isinstance(owner, type) else None
+
+
 def _load(group: h5py.Group) -> Any:
     kind = group.attrs.get("model_type")
     if isinstance(kind, bytes):

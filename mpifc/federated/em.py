@@ -143,7 +143,11 @@ def check_em_supported(fc: FederatedCircuit) -> None:
             model = node.leaf.model
             if model is None:
                 raise UserError(f"--refine em: leaf node {nid} (client {node.leaf.client}) has no model")
-            if not (callable(getattr(model, "em_statistics", None)) and callable(getattr(model, "apply_em", None))):
+            # a model received and not rebuilt answers from its class (rebuilding a wide PC costs
+            # seconds, and the server of a training job may not need it rebuilt at all)
+            asked = getattr(model, "model_class", None)
+            target = (asked() or model) if callable(asked) else model
+            if not (callable(getattr(target, "em_statistics", None)) and callable(getattr(target, "apply_em", None))):
                 raise UserError(f"--refine em: leaf node {nid} (client {node.leaf.client}, learner "
                                 f"{node.leaf.learner or type(model).__name__!r}) has no addable EM statistics "
                                 f"(em_statistics/apply_em); use learnspn, ratspn, einet or factorized")

@@ -15,7 +15,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpifc.circuit.io import load_model, save_model
+from mpifc.circuit.io import load_model, model_class, save_model
 from mpifc.errors import UserError
 
 _MAGIC = b"FCW"  # opens every blob, followed by one byte: the wire version
@@ -375,6 +375,10 @@ class WireModel:
     @property
     def model_type(self) -> str:
         return str(self.group.attrs.get("model_type"))
+
+    def model_class(self) -> type | None:
+        """The received model's class (None if its loader does not name it), without rebuilding."""
+        return model_class(self.model_type)
 
     def save(self, group: Any) -> None:
         if self._model is not None:  # rebuilt (and maybe changed, e.g. by EM): the model writes

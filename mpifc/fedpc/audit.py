@@ -64,17 +64,25 @@ it go and records it (the model's meta says so)."""
 _HASH_SEED = 0x6D706966  # fixed: the row search is a pure function of the rows and the bytes
 
 
+_KEY_WORDS = 16
+"""Words of a row the search key reads (spread over the row); a window whose key equals a row's
+is then compared word for word, so the search stays exact and costs ``O(min(d, 16))`` passes."""
+
+
 class _RowSearch:
     """Finds any of a set of rows (``(n, d)`` float64, ``d >= 2``) at any byte offset of a
-    buffer: one rolling multiply-add key per position and alignment, compared against the rows'
-    keys, candidates checked word for word (``O(d)`` passes over the buffer, whatever ``n``)."""
+    buffer: one multiply-add key per position and alignment over at most :data:`_KEY_WORDS`
+    words of the window, spread over it, compared against the rows' keys; candidates checked
+    word for word (``O(min(d, 16))`` passes over the buffer, whatever ``n`` and ``d``)."""
 
     def __init__(self, rows: np.ndarray) -> None:
         self.words = np.ascontiguousarray(rows, dtype=np.float64).view(np.uint64)
         d = self.words.shape[1]
-        self.mult = np.random.default_rng(_HASH_SEED).integers(1, 2**63, size=d, dtype=np.uint64) | np.uint64(1)
+        self.pos = np.unique(np.linspace(0, d - 1, min(d, _KEY_WORDS)).round().astype(np.int64))
+        self.mult = np.random.default_rng(_HASH_SEED).integers(1, 2**63, size=self.pos.size,
+                                                               dtype=np.uint64) | np.uint64(1)
         with np.errstate(over="ignore"):
-            keys = (self.words * self.mult).sum(axis=1, dtype=np.uint64)
+            keys = (self.words[:, self.pos] * self.mult).sum(axis=1, dtype=np.uint64)
         order = np.argsort(keys, kind="stable")
         self.keys, self.order = keys[order], order
 
@@ -87,8 +95,8 @@ class _RowSearch:
             w = buf[off: off + 8 * m].view("<u8")
             key = np.zeros(m - d + 1, dtype=np.uint64)
             with np.errstate(over="ignore"):
-                for j in range(d):
-                    key += w[j: m - d + 1 + j] * self.mult[j]
+                for p, mult in zip(self.pos, self.mult):
+                    key += w[p: m - d + 1 + p] * mult
             for i in np.flatnonzero(sorted_member(key, self.keys)):
                 lo, hi = np.searchsorted(self.keys, key[i], "left"), np.searchsorted(self.keys, key[i], "right")
                 window = w[i: i + d]
@@ -127,7 +135,8 @@ class SendAudit:
         self.raw_shapes: list[list[int]] = []
         self._rows: dict[int, list[np.ndarray]] = {}
         self._row_search: dict[int, _RowSearch] | None = None
-        self._col_bytes: list[bytes] = []
+        self._cols: dict[int, list[np.ndarray]] = {}
+        self._col_search: list[_RowSearch] | None = None
         self._counts: dict[int, str] = {}
         self._values: list[tuple[np.ndarray, list[str]]] = []
         self._rare: tuple[np.ndarray, np.ndarray, list[str]] | None = None
@@ -152,7 +161,8 @@ class SendAudit:
             self._rows.setdefault(d, []).append(rows)
             self._row_search = None
         if n >= MIN_ROWS:
-            self._col_bytes.extend(np.ascontiguousarray(rows[:, j]).tobytes() for j in range(d))
+            self._cols.setdefault(n, []).append(rows.T)
+            self._col_search = None
         if n and mask.any():
             cols = np.flatnonzero(mask)
             label = list(names) if names is not None else [f"column {j}" for j in range(d)]
@@ -181,12 +191,20 @@ class SendAudit:
                     col = np.concatenate(cs)
                     table[: col.size, pos[nm]] = col
                 vals = rare_values(table, k=self.k)
+                # the first column holding each value: (value, column) pairs sorted by value,
+                # then column, searched once (np.isin on floats would import numpy.ma, a cost
+                # every client rank pays once)
+                flat = table.T.reshape(-1)
+                col_of = np.repeat(np.arange(len(names), dtype=np.int64), table.shape[0])
+                kept = ~np.isnan(flat)
+                flat, col_of = flat[kept], col_of[kept]
+                order = np.lexsort((col_of, flat))
+                flat, col_of = flat[order], col_of[order]
                 where = np.full(vals.size, -1, dtype=np.int64)
-                for j in range(len(names) - 1, -1, -1):
-                    col = table[:, j]
-                    # np.isin(vals, col), by binary search in the sorted column (np.isin on floats
-                    # would import numpy.ma, a cost every client rank pays once)
-                    where[sorted_member(vals, np.sort(col[~np.isnan(col)]))] = j
+                if flat.size:
+                    at = np.minimum(np.searchsorted(flat, vals), flat.size - 1)
+                    held = flat[at] == vals
+                    where[held] = col_of[at[held]]
                 self._rare = (vals, where, names)
             self._patterns = value_patterns(self._rare[0])
         return self._rare
@@ -251,6 +269,13 @@ class SendAudit:
                     self._row_search[d] = _RowSearch(pats[counts < self.k])
         return any(s.found(buf) for s in self._row_search.values())
 
+    def _has_raw_column(self, buf: np.ndarray) -> bool:
+        """Whether a whole column of a protected row set (its float64 bytes) is in ``buf`` at any
+        byte offset: a column is searched as a row of the transposed set."""
+        if self._col_search is None:
+            self._col_search = [_RowSearch(np.concatenate(blocks)) for blocks in self._cols.values()]
+        return any(s.found(buf) for s in self._col_search)
+
     def _record(self, kind: Any, dest: int, arr: np.ndarray | None, obj: Any, data: bytes) -> dict[str, Any]:
         k = as_kind(kind)
         spec = PAYLOAD_SHAPES.get(k.name)
@@ -288,7 +313,7 @@ class SendAudit:
                "shape": None if shape is None else list(shape), "dtype": "pickle" if arr is None else str(arr.dtype),
                "bytes": len(data), "shape_ok": problem is None, "shape_problem": problem, "per_sample": per_sample,
                "contains_raw_row": self._has_raw_row(buf),
-               "contains_raw_column": any(cb in data for cb in self._col_bytes) if self._col_bytes else False,
+               "contains_raw_column": self._has_raw_column(buf),
                "rare_values": rare, "rare_float32": rare32, "rare_columns": columns}
         rec["finding"] = bool(rec["contains_raw_row"] or rec["contains_raw_column"] or rec["rare_values"])
         self.records.append(rec)

@@ -65,6 +65,31 @@ def test_learner_without_em_statistics_is_a_clear_error():
         check_em_supported(fc)
 
 
+def test_em_support_of_a_received_model_is_asked_of_its_class_without_rebuilding_it():
+    from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
+
+    x = binary_table(60, seed=1)
+    parts = split(x, "horizontal")
+    b = OnePassBuilder(n_clusters=1, n_products=1, seed=0)
+    fc = build_single_process(b, [(d, xi) for d, xi, _ in parts], FEATURES, "y", "horizontal")
+    received = [model_from_bytes(model_to_bytes(n.leaf.model), lazy=True) for n in fc.leaves]
+    for node, model in zip(fc.leaves, received):
+        node.leaf.model = model
+    check_em_supported(fc)
+    assert all(m._model is None for m in received)  # answered from the class: nothing rebuilt
+    fc.leaves[0].leaf.model = model_from_bytes(model_to_bytes(_a_tree_classifier()), lazy=True)
+    with pytest.raises(UserError, match=r"leaf node \d+ \(client 0.*no addable EM statistics"):
+        check_em_supported(fc)
+
+
+def _a_tree_classifier():
+    from mpifc.federated.fcdt import TreeClassifier
+
+    rng = np.random.default_rng(0)
+    x = np.column_stack([rng.normal(size=(40, 3)), rng.integers(0, 2, 40)])
+    return TreeClassifier.fit(x, target_index=3, n_classes=2, seed=0)
+
+
 def _client_columns(shards_dir) -> list[dict[str, np.ndarray]]:
     m = load_manifest(shards_dir)
     out = []

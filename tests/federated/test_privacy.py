@@ -128,6 +128,26 @@ def test_a_row_that_k_rows_share_is_no_finding():
         t.isend(np.array([9.0, 0.25, 3.0]), 0, _PROBE)
 
 
+def test_the_audit_finds_a_wide_row_or_column_at_any_byte_offset_and_nothing_else():
+    # 2,000 columns: the search key reads a few words of a row, the match is word for word
+    rng = np.random.default_rng(4)
+    x = np.round(rng.normal(size=(20, 2_000)), 4)
+    audit = SendAudit(1, findings="record")
+    audit.protect(x, "train")
+    for off in range(8):
+        row = np.frombuffer(rng.bytes(off) + x[13].tobytes() + rng.bytes(5), dtype=np.uint8)
+        col = np.frombuffer(rng.bytes(off) + np.ascontiguousarray(x[:, 1_234]).tobytes(), dtype=np.uint8)
+        assert audit._has_raw_row(row) and not audit._has_raw_column(row)
+        assert audit._has_raw_column(col) and not audit._has_raw_row(col)
+    for j in (1, 999, 1_998):  # one word changed anywhere: no row of the set
+        near = x[13].copy()
+        near[j] += 1.0
+        near_col = x[:, 1_234].copy()
+        near_col[j % 20] += 1.0
+        assert not audit._has_raw_row(np.frombuffer(b"ab" + near.tobytes(), dtype=np.uint8))
+        assert not audit._has_raw_column(np.frombuffer(near_col.tobytes(), dtype=np.uint8))
+
+
 # one case here; every dataset, setting and learner through real jobs: launch/bench/privacy.py
 @pytest.mark.parametrize("dataset,setting", [("credit", "vertical")])
 def test_default_pcs_and_codec_of_adult_and_credit_hold_no_rare_value(tmp_path, dataset, setting):
