@@ -33,7 +33,7 @@ from mpifc.errors import UserError
 
 from .table import RawTable
 from .transforms import MAX_LEVELS, MIN_ROWS, SCALES, NormalScore, few_levels, from_levels, safe_median, \
-    select_scale, to_levels, validation_split
+    select_scales, to_levels, validation_split
 
 ENCODINGS = ("target", "none")
 """How :meth:`Preprocessor.fit` treats categoricals: target encoding (binary targets) or codes."""
@@ -508,13 +508,15 @@ def _fit_scales(pre: Preprocessor, table: RawTable, train_rows: np.ndarray, cols
     chosen: list[int] = []
     done = [0]
     progress.phase(lambda: f"choosing the scale of {len(cols)} real columns: {done[0]} done")
+    picks = [(scale, None)] * len(cols)
+    if scale == "auto":
+        picks = select_scales(values[fit_pos], values[val_pos], progress=lambda n: done.__setitem__(0, n))
     for k, j in enumerate(cols):
-        done[0] = k
         col = pre.columns[j]
         col.meta_type = "real"
-        name = scale
-        if scale == "auto":
-            name, col.selection = select_scale(values[fit_pos, k], values[val_pos, k])
+        name, selection = picks[k]
+        if selection is not None:
+            col.selection = selection
         col.normal = NormalScore.fit(values[:, k]) if name == "normal-score" else None
         if col.normal is None:
             chosen.append(j)

@@ -244,56 +244,108 @@ def validation_split(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.n
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def gmm_fit(z: np.ndarray, k: int = GMM_COMPONENTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A ``k``-component 1-D Gaussian mixture by EM, started at the data's quantiles (no random
-    start, so the same data give the same mixture). Returns ``(weights, means, variances)``."""
-    z = z[~np.isnan(z)]
-    k = max(1, min(k, z.size))
-    means = np.quantile(z, (np.arange(k) + 0.5) / k)
-    var = np.full(k, max(float(np.var(z)), _GMM_MIN_VAR))
-    w = np.full(k, 1.0 / k)
-    for _ in range(_GMM_ITERS):
-        lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (z[:, None] - means) ** 2 / var)
-        lse = np.logaddexp.reduce(lp, axis=1, keepdims=True)
-        r = np.exp(lp - lse)
-        nk = r.sum(0) + 1e-12
-        w = nk / nk.sum()
-        means = (r * z[:, None]).sum(0) / nk
-        var = np.maximum((r * (z[:, None] - means) ** 2).sum(0) / nk, _GMM_MIN_VAR)
-    return w, means, var
+_GMM_CELLS = 2_000_000
+"""At most this many (row, column, component) cells per batch of :func:`gmm_fit_columns`."""
 
 
-def gmm_log_density(z: np.ndarray, mixture: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-    """``log p(z)`` (nats) under ``(weights, means, variances)``."""
+def gmm_fit_columns(z: np.ndarray, k: int = GMM_COMPONENTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ``k``-component 1-D Gaussian mixture by EM for every column of ``z`` ``(n, c)`` at once,
+    NaN cells ignored, each started at its column's quantiles (no random start, so the same data
+    give the same mixtures). Every column needs at least ``k`` values. Returns ``(weights, means,
+    variances)``, each ``(c, k)``."""
+    z = np.asarray(z, dtype=np.float64)
+    n, c = z.shape
+    out = [np.empty((c, k)) for _ in range(3)]
+    step = max(1, _GMM_CELLS // max(1, n * k))
+    for lo in range(0, c, step):
+        block = z[:, lo: lo + step]
+        seen = ~np.isnan(block)
+        zz = np.where(seen, block, 0.0)[:, :, None]
+        means = np.nanquantile(block, (np.arange(k) + 0.5) / k, axis=0).T
+        var = np.repeat(np.maximum(np.nanvar(block, axis=0), _GMM_MIN_VAR)[:, None], k, axis=1)
+        w = np.full(means.shape, 1.0 / k)
+        for _ in range(_GMM_ITERS):
+            lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (zz - means) ** 2 / var)
+            r = np.exp(lp - np.logaddexp.reduce(lp, axis=2, keepdims=True)) * seen[:, :, None]
+            nk = r.sum(0) + 1e-12
+            w = nk / nk.sum(1, keepdims=True)
+            means = (r * zz).sum(0) / nk
+            var = np.maximum((r * (zz - means) ** 2).sum(0) / nk, _GMM_MIN_VAR)
+        for o, a in zip(out, (w, means, var)):
+            o[lo: lo + step] = a
+    return out[0], out[1], out[2]
+
+
+def _mean_log_density(z: np.ndarray, mixture: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per column of ``z`` ``(n, c)`` (NaN cells ignored), the mean of ``log p(z)`` (nats) under
+    that column's mixture of ``mixture`` (each ``(c, k)``)."""
     w, means, var = mixture
-    lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (z[:, None] - means) ** 2 / var)
-    return np.logaddexp.reduce(lp, axis=1)
+    seen = ~np.isnan(z)
+    zz = np.where(seen, z, 0.0)[:, :, None]
+    lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (zz - means) ** 2 / var)
+    dens = np.where(seen, np.logaddexp.reduce(lp, axis=2), 0.0)
+    return dens.sum(0) / seen.sum(0)
+
+
+def _pad(columns: list[np.ndarray]) -> np.ndarray:
+    """Columns of different lengths as one ``(max length, c)`` array, NaN below each."""
+    out = np.full((max(c.size for c in columns), len(columns)), np.nan)
+    for j, col in enumerate(columns):
+        out[: col.size, j] = col
+    return out
+
+
+def select_scales(fit_values: np.ndarray, val_values: np.ndarray,
+                  progress: Any = None) -> list[tuple[str, dict[str, float]]]:
+    """The scale of every real column of ``fit_values`` ``(n_fit, c)`` chosen on the validation
+    rows ``val_values`` ``(n_val, c)`` (NaN cells ignored; the mixtures of all columns fitted
+    together, in batches).
+
+    Per column, each candidate is fitted on its fit values, a :func:`gmm_fit_columns` mixture is fitted
+    to the fitted candidate's values, and the candidate is scored by the mean log-density of the
+    validation values in standardised units (the fit values' mean and std): the mixture's
+    log-density plus, for the normal score, ``log T'(x) + log std``. The higher score wins; a tie,
+    a column without two distinct values, or no validation value keeps ``standardize``.
+    ``progress(done)``, if given, is called with the columns done so far.
+
+    Returns:
+        per column, ``(chosen, {candidate: validation mean log-density in nats per row})``.
+    """
+    c = fit_values.shape[1]
+    out: list[tuple[str, dict[str, float]]] = [("standardize", {}) for _ in range(c)]
+    cand: list[int] = []
+    zs, zn, vs, vn, jac = [], [], [], [], []
+    for j in range(c):
+        fit = fit_values[:, j][~np.isnan(fit_values[:, j])]
+        val = val_values[:, j][~np.isnan(val_values[:, j])]
+        std = float(np.std(fit)) if fit.size else 0.0
+        ns = NormalScore.fit(fit) if fit.size else None
+        if std <= 0 or ns is None or val.size == 0:
+            continue
+        mean = float(np.mean(fit))
+        cand.append(j)
+        zs.append((fit - mean) / std)
+        zn.append(ns.forward(fit))
+        vs.append((val - mean) / std)
+        vn.append(ns.forward(val))
+        jac.append(ns.log_derivative(val) + math.log(std))
+    step = max(1, _GMM_CELLS // max(1, fit_values.shape[0] * GMM_COMPONENTS))
+    for lo in range(0, len(cand), step):
+        part = slice(lo, lo + step)
+        s_std = _mean_log_density(_pad(vs[part]), gmm_fit_columns(_pad(zs[part])))
+        s_ns = _mean_log_density(_pad(vn[part]), gmm_fit_columns(_pad(zn[part])))
+        s_ns = s_ns + np.array([float(np.mean(a)) for a in jac[part]])
+        for i, j in enumerate(cand[part]):
+            scores = {"standardize": float(s_std[i]), "normal-score": float(s_ns[i])}
+            out[j] = ("normal-score" if scores["normal-score"] > scores["standardize"] else "standardize", scores)
+        if progress is not None:
+            progress(min(lo + step, len(cand)))
+    return out
 
 
 def select_scale(fit_values: np.ndarray, val_values: np.ndarray) -> tuple[str, dict[str, float]]:
-    """The scale of one real column chosen on validation rows.
+    """:func:`select_scales` of one column ``(n,)``: ``(chosen, {candidate: score})``."""
+    return select_scales(np.asarray(fit_values, dtype=np.float64)[:, None],
+                         np.asarray(val_values, dtype=np.float64)[:, None])[0]
 
-    Each candidate is fitted on ``fit_values`` (NaN ignored), a :func:`gmm_fit` mixture is fitted
-    to the fitted candidate's values, and the candidate is scored by the mean log-density of
-    ``val_values`` in standardised units (``fit_values``' mean and std): the mixture's log-density
-    plus, for the normal score, ``log T'(x) + log std``. The higher score wins; a tie, a column
-    without two distinct values, or no validation value keeps ``standardize``.
 
-    Returns:
-        ``(chosen, {candidate: validation mean log-density in nats per row})``.
-    """
-    fit = fit_values[~np.isnan(fit_values)]
-    val = val_values[~np.isnan(val_values)]
-    scores: dict[str, float] = {}
-    std = float(np.std(fit)) if fit.size else 0.0
-    ns = NormalScore.fit(fit) if fit.size else None
-    if std <= 0 or ns is None or val.size == 0:
-        return "standardize", scores
-    mean = float(np.mean(fit))
-    zs = (fit - mean) / std
-    scores["standardize"] = float(np.mean(gmm_log_density((val - mean) / std, gmm_fit(zs))))
-    zn = ns.forward(fit)
-    scores["normal-score"] = float(np.mean(gmm_log_density(ns.forward(val), gmm_fit(zn))
-                                           + ns.log_derivative(val) + math.log(std)))
-    chosen = "normal-score" if scores["normal-score"] > scores["standardize"] else "standardize"
-    return chosen, scores

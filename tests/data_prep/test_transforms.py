@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from data_prep.preprocess import Preprocessor
-from data_prep.transforms import MIN_ROWS, NormalScore, few_levels, from_levels, safe_median, select_scale, to_levels
+from data_prep.transforms import MIN_ROWS, NormalScore, few_levels, from_levels, safe_median, select_scale, \
+    select_scales, to_levels
 
 from .conftest import make_table
 
@@ -112,6 +113,25 @@ def test_the_scale_is_chosen_on_validation_rows_heavy_tails_normal_score_a_gauss
     chosen, scores = select_scale(gauss[:1600], gauss[1600:])
     assert chosen == "standardize" and set(scores) == {"standardize", "normal-score"}
     assert select_scale(np.ones(10), np.ones(3)) == ("standardize", {})  # nothing to choose on a constant
+
+
+def test_the_scales_of_many_columns_chosen_together_are_those_chosen_one_by_one(monkeypatch):
+    # columns of different kinds and missing cells, two columns per batch
+    import data_prep.transforms as transforms
+
+    monkeypatch.setattr(transforms, "_GMM_CELLS", 240 * transforms.GMM_COMPONENTS * 2)
+    rng = np.random.default_rng(5)
+    x = np.column_stack([rng.lognormal(0.0, 1.5, 300), rng.standard_normal(300), np.ones(300),
+                         rng.standard_t(2, 300), rng.normal(size=300) ** 3, rng.integers(0, 4, 300) * 1.0])
+    x[rng.random(x.shape) < 0.2] = np.nan
+    x[:, 4][:295] = np.nan  # five values: no normal score to fit
+    fit, val = x[:240], x[240:]
+    many = select_scales(fit, val)
+    for j in range(x.shape[1]):
+        one = select_scale(fit[:, j], val[:, j][~np.isnan(val[:, j])])
+        assert many[j][0] == one[0] and many[j][1].keys() == one[1].keys()
+        assert all(abs(many[j][1][k] - one[1][k]) < 1e-12 for k in one[1])
+    assert {c for c, _ in many} == {"standardize", "normal-score"}
 
 
 def _params(pre: Preprocessor) -> str:
