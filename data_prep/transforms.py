@@ -260,30 +260,31 @@ def gmm_fit_columns(z: np.ndarray, k: int = GMM_COMPONENTS) -> tuple[np.ndarray,
     for lo in range(0, c, step):
         block = z[:, lo: lo + step]
         seen = ~np.isnan(block)
-        zz = np.where(seen, block, 0.0)[:, :, None]
-        means = np.nanquantile(block, (np.arange(k) + 0.5) / k, axis=0).T
-        var = np.repeat(np.maximum(np.nanvar(block, axis=0), _GMM_MIN_VAR)[:, None], k, axis=1)
+        zz = np.where(seen, block, 0.0)[None]  # (1, n, c): components along the first axis
+        means = np.nanquantile(block, (np.arange(k) + 0.5) / k, axis=0)[:, None, :]  # (k, 1, c)
+        var = np.repeat(np.maximum(np.nanvar(block, axis=0), _GMM_MIN_VAR)[None, None, :], k, axis=0)
         w = np.full(means.shape, 1.0 / k)
         for _ in range(_GMM_ITERS):
-            lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (zz - means) ** 2 / var)
-            r = np.exp(lp - np.logaddexp.reduce(lp, axis=2, keepdims=True)) * seen[:, :, None]
-            nk = r.sum(0) + 1e-12
-            w = nk / nk.sum(1, keepdims=True)
-            means = (r * zz).sum(0) / nk
-            var = np.maximum((r * (zz - means) ** 2).sum(0) / nk, _GMM_MIN_VAR)
+            lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (zz - means) ** 2 / var)  # (k, n, c)
+            r = np.exp(lp - lp.max(axis=0))
+            r *= seen / r.sum(axis=0)
+            nk = r.sum(axis=1, keepdims=True) + 1e-12
+            w = nk / nk.sum(axis=0)
+            means = (r * zz).sum(axis=1, keepdims=True) / nk
+            var = np.maximum((r * (zz - means) ** 2).sum(axis=1, keepdims=True) / nk, _GMM_MIN_VAR)
         for o, a in zip(out, (w, means, var)):
-            o[lo: lo + step] = a
+            o[lo: lo + step] = a[:, 0, :].T
     return out[0], out[1], out[2]
 
 
 def _mean_log_density(z: np.ndarray, mixture: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     """Per column of ``z`` ``(n, c)`` (NaN cells ignored), the mean of ``log p(z)`` (nats) under
     that column's mixture of ``mixture`` (each ``(c, k)``)."""
-    w, means, var = mixture
+    w, means, var = (a.T[:, None, :] for a in mixture)  # (k, 1, c)
     seen = ~np.isnan(z)
-    zz = np.where(seen, z, 0.0)[:, :, None]
-    lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (zz - means) ** 2 / var)
-    dens = np.where(seen, np.logaddexp.reduce(lp, axis=2), 0.0)
+    lp = np.log(w) - 0.5 * (_LOG_2PI + np.log(var) + (np.where(seen, z, 0.0)[None] - means) ** 2 / var)
+    top = lp.max(axis=0)
+    dens = np.where(seen, top + np.log(np.exp(lp - top).sum(axis=0)), 0.0)
     return dens.sum(0) / seen.sum(0)
 
 
