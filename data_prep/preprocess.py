@@ -477,7 +477,7 @@ def _fit_levels(pre: Preprocessor, table: RawTable, train_rows: np.ndarray, max_
             values = np.empty(train_rows.size)
             for lo in range(0, train_rows.size, _CHUNK):
                 rows = train_rows[lo:lo + _CHUNK]
-                values[lo:lo + rows.size] = pre.transform(table.x[rows][:, [j]], columns=[j], scale=False)[:, 0]
+                values[lo:lo + rows.size] = pre.transform(table.x[rows, j:j + 1], columns=[j], scale=False)[:, 0]
             levels = few_levels(values, max_levels)
             if levels is not None:
                 col.levels = levels
