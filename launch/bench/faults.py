@@ -90,7 +90,7 @@ SAMPLE_SIGNALS = [  # (job, target, signal, moment): the sample tests/reliabilit
     ("train", "rank 1", "TERM", "up+0.1"), ("query", "mpiexec", "INT", "up"),
     ("evaluate", "hydra_pmi_proxy", "KILL", "up+0.2"), ("train", "mpiexec", "STOP", "final"),
     ("query", "rank 1", "INT", "up+0.3"), ("train", "rank 2", "KILL", "phase:startup"),
-    ("evaluate", "rank 1", "TERM", "phase:startup"),
+    ("evaluate", "rank 1", "TERM", "phase:startup"), ("train", "hydra_pmi_proxy", "KILL", "launched"),
 ]
 SAMPLE_INJECTED = [("learn", "client raise"), ("query", "server return"), ("write", "client return")]
 
