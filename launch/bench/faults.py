@@ -40,16 +40,19 @@ How a cell must end (``ok``):
   ignores), succeeded, cleanly, however long the rest of the job took: exit code 0, no
   ``mpifc:`` line, every output in place, nothing else left.
 
-``lost`` (counted apart, neither ok nor failed): SIGTERM or SIGINT to ``mpiexec`` before its
-daemon had started any rank, after which the job ran to its end and succeeded cleanly (exit code
-0, no ``mpifc:`` line, every output in place, nothing else left). hydra drops such a signal: its
-``mpiexec`` passes a signal on to the daemons it is connected to, and a daemon to the ranks it
-has started; one that comes before the daemon has connected back is written nowhere (MPICH 5.0.2's
-``mpiexec`` may print ``HYDU_sock_write ... write error (Bad file descriptor)``), and the ranks started after it never see it. No process of
-mpifc exists yet at that point. The same happens without mpifc: :func:`hydra_drops` sends the
-signal to the ``mpiexec`` of a plain mpi4py job at the same point, and the matrix prints how
-often that job still completed with exit code 0 whenever a cell was lost. A second Ctrl-C makes
-hydra kill the job. A cell signalled at that point that ends any other way is judged as above.
+``lost`` (counted apart, neither ok nor failed): SIGTERM or SIGINT to ``mpiexec`` before any
+rank ran its program, after which the job ran to its end and succeeded cleanly (exit code 0, no
+``mpifc:`` line, every output in place, nothing else left). hydra drops such a signal: its
+``mpiexec`` passes a signal on to the daemons it is connected to, and a daemon to the process
+groups of the ranks it has started. One that comes before the daemon has connected back is
+written nowhere (MPICH 5.0.2's ``mpiexec`` may print ``HYDU_sock_write ... write error (Bad file
+descriptor)``), and a rank still between its fork and its exec runs hydra's own handler, which
+ignores it. No process of mpifc exists yet at that point. The same happens without mpifc:
+:func:`hydra_drops` sends the signal to the ``mpiexec`` of a plain mpi4py job before its daemon
+has started a rank, and the matrix prints how often that job still completed with exit code 0
+whenever a cell was lost (measured by hand at the moment the daemon has forked every rank, none
+yet running Python: 5 plain jobs of 20 completed). A second Ctrl-C makes hydra kill the job. A
+cell signalled at that point that ends any other way is judged as above.
 
 A signal that finds its process gone or done (a rank that marked its normal end and is exiting;
 ``mpiexec`` or its daemon once every rank has marked its normal end or is gone; an ``mpiexec``
@@ -362,7 +365,7 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
                 pid = procs.pid_of(target)
             if pid is not None and alive(pid) and not _done(target, procs):
                 cell.unwatched = _unwatched(target, fault, pid, procs)
-                before_ranks = target == "mpiexec" and fault in ("TERM", "INT") and not _daemon_started_ranks(procs)
+                before_ranks = target == "mpiexec" and fault in ("TERM", "INT") and not _a_rank_runs(procs)
                 os.kill(pid, getattr(signal, f"SIG{fault}"))
                 fault_at = time.monotonic()
         if fault_at is None:
@@ -388,7 +391,7 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
         cell.seconds = ended - fault_at
     cell.lines = sum(1 for ln in err.splitlines() if ln.startswith("mpifc:"))
     cell.named, cell.line = named_in(err, target if fault not in INJECTED else f"rank {INJECTED[fault][0]}")
-    # A signal to mpiexec before its daemon started a rank, after which the job ran to its end:
+    # A signal to mpiexec before any rank ran its program, after which the job ran to its end:
     # hydra dropped it (no process of mpifc existed yet to see it); anything else is judged below.
     dropped = before_ranks and proc.returncode == 0
     cell.leftovers += _leftovers(procs, log, out, finals, success=(target, fault) in IGNORED or dropped)
@@ -429,10 +432,13 @@ def hydra_drops(sig: str, tries: int = 3) -> tuple[int, int]:
     return sent, completed
 
 
-def _daemon_started_ranks(procs: JobProcesses) -> bool:
-    """Whether ``mpiexec``'s daemon has started (forked) any process of the job yet."""
+def _a_rank_runs(procs: JobProcesses) -> bool:
+    """Whether a rank of ``mpiexec``'s daemon runs its program: a child of the daemon no longer
+    runs hydra's own code (between its fork and its exec, where hydra's handler ignores SIGTERM
+    and SIGINT)."""
     procs.refresh()
-    return procs.proxy is not None and bool(children(procs.proxy))
+    return procs.proxy is not None and any((_stat(c) or ("hydra_pmi_proxy",))[0] != "hydra_pmi_proxy"
+                                           for c in children(procs.proxy))
 
 
 def _takes_signals(pid: int) -> bool:
@@ -651,7 +657,7 @@ def main() -> int:
     print(summary(cells, args.liveness))
     for c in cells:
         if c.lost:
-            print(f"lost: {c.job} {c.target} SIG{c.fault} at {c.moment}: sent before the daemon started a rank; "
+            print(f"lost: {c.job} {c.target} SIG{c.fault} at {c.moment}: sent before any rank ran its program; "
                   f"the job completed (exit 0, every output in place, {c.seconds:.1f} s after the signal)")
     for sig in sorted({c.fault for c in cells if c.lost}):
         sent, completed = hydra_drops(sig)
