@@ -13,9 +13,10 @@ factorized``) running ``mpifc train``, ``mpifc evaluate --distributed`` and ``mp
 Signal cells (job x target x signal x moment): SIGSTOP (freeze), SIGKILL, SIGTERM and SIGINT,
 sent from outside to each rank, to ``mpiexec`` and to its per-node daemon ``hydra_pmi_proxy``, at
 ``--moments`` moments of the job: spread over its run (fractions of the median time of clean
-runs measured first, each before the last 0.5 s; start-up included), as soon as MPI is up and
-0.25 s later, and two in its last 0.5 s (as soon as rank 0 has put its outputs in place, and 0.1 s
-later). Injected cells (phase x fault, the in-process
+runs measured first, each before the last 0.5 s; start-up included), as soon as the launcher's
+daemon has started every rank (their interpreters start), as soon as MPI is up and 0.25 s later,
+and two in its last 0.5 s (as soon as rank 0 has put its outputs in place, and 0.1 s later).
+Injected cells (phase x fault, the in-process
 hooks of :mod:`mpifc.runtime.faults`): an exception or an early return of a client or of the
 server at each phase of ``train`` and at ``query`` of ``evaluate --distributed``.
 
@@ -39,11 +40,26 @@ How a cell must end (``ok``):
   ignores), succeeded, cleanly, however long the rest of the job took: exit code 0, no
   ``mpifc:`` line, every output in place, nothing else left.
 
-A signal that finds its process gone or done (a rank that marked its normal end and is exiting,
-a daemon with no rank left, an ``mpiexec`` with no daemon left) is counted ``missed``, not run.
-Printed: the table of failed cells, then per job and target the runs, hangs (no end within
-``liveness + 5`` s), the worst end time, misnamed runs and runs with leftovers; the load
-average beside the figures. The exit status is 0 only if every cell is ok.
+``lost`` (counted apart, neither ok nor failed): SIGTERM or SIGINT to ``mpiexec`` before any
+rank ran its program, after which the job ran to its end and succeeded cleanly (exit code 0, no
+``mpifc:`` line, every output in place, nothing else left). hydra drops such a signal: its
+``mpiexec`` passes a signal on to the daemons it is connected to, and a daemon to the process
+groups of the ranks it has started. One that comes before the daemon has connected back is
+written nowhere (MPICH 5.0.2's ``mpiexec`` may print ``HYDU_sock_write ... write error (Bad file
+descriptor)``), and a rank still between its fork and its exec runs hydra's own handler, which
+ignores it. No process of mpifc exists yet at that point. The same happens without mpifc:
+:func:`hydra_drops` sends the signal to the ``mpiexec`` of a plain mpi4py job before its daemon
+has started a rank, and the matrix prints how often that job still completed with exit code 0
+whenever a cell was lost (measured by hand at the moment the daemon has forked every rank, none
+yet running Python: 5 plain jobs of 20 completed). A second Ctrl-C makes hydra kill the job. A
+cell signalled at that point that ends any other way is judged as above.
+
+A signal that finds its process gone or done (a rank that marked its normal end and is exiting;
+``mpiexec`` or its daemon once every rank has marked its normal end or is gone; an ``mpiexec``
+with no daemon left) is counted ``missed``, not run. Printed: the table of failed cells, then per
+job and target the runs, hangs (no end within ``liveness + 5`` s), the worst end time, misnamed
+runs, runs with leftovers, unwatched and lost cells; the lost cells and hydra's own figure; the
+load average beside the figures. The exit status is 0 only if no cell failed.
 """
 
 import argparse
@@ -77,7 +93,7 @@ SAMPLE_SIGNALS = [  # (job, target, signal, moment): the sample tests/reliabilit
     ("train", "rank 1", "TERM", "up+0.1"), ("query", "mpiexec", "INT", "up"),
     ("evaluate", "hydra_pmi_proxy", "KILL", "up+0.2"), ("train", "mpiexec", "STOP", "final"),
     ("query", "rank 1", "INT", "up+0.3"), ("train", "rank 2", "KILL", "phase:startup"),
-    ("evaluate", "rank 1", "TERM", "phase:startup"),
+    ("evaluate", "rank 1", "TERM", "phase:startup"), ("train", "hydra_pmi_proxy", "KILL", "launched"),
 ]
 SAMPLE_INJECTED = [("learn", "client raise"), ("query", "server return"), ("write", "client return")]
 
@@ -99,6 +115,7 @@ class Cell:
     line: str = ""
     leftovers: list[str] = field(default_factory=list)
     unwatched: bool = False  # a rank ended by the signal before any process of mpifc could see it go
+    lost: bool = False  # SIGTERM/SIGINT that hydra's mpiexec dropped (see the module docstring)
     ok: bool = False
 
 
@@ -281,11 +298,20 @@ def _event(moment: str, folder: Path | None) -> bool:
 def _moment_waiter(moment: str, procs: JobProcesses, t0: float, duration: float):
     """A function that returns True once the cell's moment has come (False if the job ended
     first). A moment is a fraction of ``duration`` after the start, or an event of the job:
-    ``up`` (rank 0's heartbeats run: MPI is up), ``phase:P`` (a rank announced phase ``P``),
-    ``final`` (rank 0 has put its outputs in place), each with an optional ``+SECONDS``."""
+    ``daemon`` (the launcher's daemon runs; not among :func:`moments`), ``launched`` (the daemon
+    has started every rank: their interpreters start), ``up`` (rank 0's heartbeats run: MPI is
+    up), ``phase:P`` (a rank announced phase ``P``), ``final`` (rank 0 has put its outputs in
+    place), the last three with an optional ``+SECONDS``."""
     event, _, delay = moment.partition("+")
 
     def wait(proc: subprocess.Popen) -> bool:
+        if event in ("daemon", "launched"):
+            while proc.poll() is None:
+                procs.refresh()
+                if procs.proxy is not None and len(children(procs.proxy)) >= (N_RANKS if event == "launched" else 0):
+                    return True
+                time.sleep(0.0005)
+            return False
         if event[0].isdigit():
             at = t0 + float(event) * duration
             while time.monotonic() < at:
@@ -330,6 +356,7 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
     reader = threading.Thread(target=lambda: err_parts.append(proc.stderr.read()), daemon=True)
     reader.start()
     fault_at = None
+    before_ranks = False
     if fault not in INJECTED:
         if _moment_waiter(moment, procs, t0, duration)(proc):
             pid = procs.pid_of(target)
@@ -338,6 +365,7 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
                 pid = procs.pid_of(target)
             if pid is not None and alive(pid) and not _done(target, procs):
                 cell.unwatched = _unwatched(target, fault, pid, procs)
+                before_ranks = target == "mpiexec" and fault in ("TERM", "INT") and not _a_rank_runs(procs)
                 os.kill(pid, getattr(signal, f"SIG{fault}"))
                 fault_at = time.monotonic()
         if fault_at is None:
@@ -363,9 +391,54 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
         cell.seconds = ended - fault_at
     cell.lines = sum(1 for ln in err.splitlines() if ln.startswith("mpifc:"))
     cell.named, cell.line = named_in(err, target if fault not in INJECTED else f"rank {INJECTED[fault][0]}")
-    cell.leftovers += _leftovers(procs, log, out, finals, success=(target, fault) in IGNORED)
-    cell.ok = cell.injected and not cell.missed and _ended_well(cell, liveness)
+    # A signal to mpiexec before any rank ran its program, after which the job ran to its end:
+    # hydra dropped it (no process of mpifc existed yet to see it); anything else is judged below.
+    dropped = before_ranks and proc.returncode == 0
+    cell.leftovers += _leftovers(procs, log, out, finals, success=(target, fault) in IGNORED or dropped)
+    cell.lost = dropped and cell.lines == 0 and not cell.leftovers
+    cell.ok = cell.injected and not cell.missed and not cell.lost and _ended_well(cell, liveness)
     return cell
+
+
+_PLAIN_JOB = "from mpi4py import MPI; import time; c = MPI.COMM_WORLD; c.Barrier(); time.sleep(1.0); c.Barrier()"
+
+
+def hydra_drops(sig: str, tries: int = 3) -> tuple[int, int]:
+    """hydra on its own: ``SIG<sig>`` to the ``mpiexec`` of a plain mpi4py job of ``N_RANKS``
+    ranks (no mpifc), once its daemon runs and before the daemon has started a rank; ``(times the
+    signal went at that point, times the job then completed with exit code 0)``."""
+    sent = completed = 0
+    for _ in range(4 * tries):
+        if sent >= tries:
+            break
+        proc = subprocess.Popen([_mpiexec(), "-n", str(N_RANKS), sys.executable, "-c", _PLAIN_JOB],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=REPO,
+                                start_new_session=True)
+        procs = JobProcesses(proc.pid)
+        until = time.monotonic() + 30.0
+        while procs.proxy is None and proc.poll() is None and time.monotonic() < until:
+            procs.refresh()
+            time.sleep(0.0005)
+        hit = procs.proxy is not None and not children(procs.proxy)
+        if hit:
+            os.kill(proc.pid, getattr(signal, f"SIG{sig}"))
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        sent += hit
+        completed += hit and proc.returncode == 0
+    return sent, completed
+
+
+def _a_rank_runs(procs: JobProcesses) -> bool:
+    """Whether a rank of ``mpiexec``'s daemon runs its program: a child of the daemon no longer
+    runs hydra's own code (between its fork and its exec, where hydra's handler ignores SIGTERM
+    and SIGINT)."""
+    procs.refresh()
+    return procs.proxy is not None and any((_stat(c) or ("hydra_pmi_proxy",))[0] != "hydra_pmi_proxy"
+                                           for c in children(procs.proxy))
 
 
 def _takes_signals(pid: int) -> bool:
@@ -404,14 +477,23 @@ def _unwatched(target: str, fault: str, pid: int, procs: JobProcesses) -> bool:
 
 def _done(target: str, procs: JobProcesses) -> bool:
     """Whether ``target`` has done its part of the job (a signal then comes after the job): a
-    rank has marked its normal end (it is exiting), the daemon has no rank left, mpiexec no
-    daemon left."""
+    rank has marked its normal end (it is exiting); the daemon and mpiexec once every rank has
+    marked its normal end or is gone; mpiexec with no daemon left."""
+    folder = procs.folder()
     if target.startswith("rank "):
-        folder = procs.folder()
         return folder is not None and (folder / f"rank-{target.split()[1]}.end").exists()
-    if target == "hydra_pmi_proxy":
-        return len(procs.ranks) == N_RANKS and not any(alive(p) for p in procs.ranks.values())
-    return procs.proxy is not None and not alive(procs.proxy)
+    if len(procs.ranks) == N_RANKS and all(not alive(p) or (folder is not None and (folder / f"rank-{r}.end").exists())
+                                           for r, p in procs.ranks.items()):
+        return True
+    return target == "mpiexec" and procs.proxy is not None and not alive(procs.proxy)
+
+
+def moments(n: int) -> list[str]:
+    """``n`` moments (see :func:`_moment_waiter`): ``n - 5`` fractions of the job's time spread
+    before its last 0.5 s (start-up included), the ranks just started by the launcher, MPI up and
+    0.25 s later, and the job's last 0.5 s: rank 0's outputs in place and 0.1 s later."""
+    k = max(n - 5, 1)
+    return [f"{(i + 0.5) / k:.2f}" for i in range(k)] + ["launched", "up", "up+0.25", "final", "final+0.1"]
 
 
 def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], success: bool) -> list[str]:
@@ -484,14 +566,6 @@ def clean_durations(files: dict[str, Path], work: Path, liveness: float, repeat:
     return out
 
 
-def moments(n: int) -> list[str]:
-    """``n`` moments (see :func:`_moment_waiter`): ``n - 4`` fractions of the job's time spread
-    before its last 0.5 s (start-up included), MPI up and 0.25 s later, and the job's last 0.5 s:
-    rank 0's outputs in place and 0.1 s later."""
-    k = max(n - 4, 1)
-    return [f"{(i + 0.5) / k:.2f}" for i in range(k)] + ["up", "up+0.25", "final", "final+0.1"]
-
-
 def run_cells(specs: list[tuple[str, str, str, str]], work: Path, liveness: float, parallel: int,
               durations: dict[str, float] | None = None) -> list[Cell]:
     """Run the cells ``(job, target, fault, moment)``, ``parallel`` jobs at a time."""
@@ -523,7 +597,7 @@ def sample_specs() -> list[tuple[str, str, str, str]]:
 def summary(cells: list[Cell], liveness: float) -> str:
     run = [c for c in cells if not c.missed]
     lines = [f"{'job':9s} {'target':16s} {'runs':>5s} {'missed':>6s} {'hangs':>5s} {'worst s':>8s} {'misnamed':>8s} "
-             f"{'not 1 line':>10s} {'leftovers':>9s} {'unwatched':>9s} {'failed':>6s}"]
+             f"{'not 1 line':>10s} {'leftovers':>9s} {'unwatched':>9s} {'lost':>5s} {'failed':>6s}"]
     groups: dict[tuple[str, str], list[Cell]] = {}
     for c in cells:
         groups.setdefault((c.job, c.target if c.fault not in INJECTED else "injected"), []).append(c)
@@ -531,17 +605,23 @@ def summary(cells: list[Cell], liveness: float) -> str:
         r = [c for c in cs if not c.missed]
         worst = max((c.seconds for c in r if c.seconds is not None), default=float("nan"))
         hangs = sum(1 for c in r if (c.seconds is None or c.seconds > liveness + 5.0)
-                    and not ((c.target, c.fault) in IGNORED and c.exit == 0))
+                    and not (((c.target, c.fault) in IGNORED or c.lost) and c.exit == 0))
         lines.append(f"{job:9s} {target:16s} {len(r):5d} {len(cs) - len(r):6d} {hangs:5d} {worst:8.2f} "
-                     f"{sum(1 for c in r if not c.named and (c.target, c.fault) not in IGNORED):8d} "
-                     f"{sum(1 for c in r if c.lines != (0 if (c.target, c.fault) in IGNORED else 1)):10d} "
+                     f"{sum(1 for c in r if not c.named and (c.target, c.fault) not in IGNORED and not c.lost):8d} "
+                     f"{sum(1 for c in r if c.lines != (0 if (c.target, c.fault) in IGNORED or c.lost else 1)):10d} "
                      f"{sum(1 for c in r if c.leftovers):9d} {sum(1 for c in r if c.unwatched):9d} "
-                     f"{sum(1 for c in r if not c.ok):6d}")
+                     f"{sum(1 for c in r if c.lost):5d} {sum(1 for c in r if failed(c)):6d}")
     return "\n".join(lines) + f"\n{len(run)} runs"
 
 
+def failed(c: Cell) -> bool:
+    """A cell that ran and did not end as it must (a cell hydra's mpiexec dropped the signal of
+    is counted apart: ``lost``)."""
+    return not c.missed and not c.ok and not c.lost
+
+
 def failed_table(cells: list[Cell]) -> str:
-    bad = [c for c in cells if not c.missed and not c.ok]
+    bad = [c for c in cells if failed(c)]
     rows = [f"{c.job:9s} {c.target:16s} {c.fault:14s} {c.moment:9s}{' (unwatched)' if c.unwatched else ''} "
             f"{c.seconds if c.seconds is None else round(c.seconds, 2)!s:>7s} "
             f"exit {c.exit!s:>4s} lines {c.lines} {'named' if c.named else 'NOT NAMED'}  {c.line[:110]!r} "
@@ -553,7 +633,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--liveness", type=float, default=3.0, help="--liveness of every job")
     ap.add_argument("--parallel", type=int, default=3, help="jobs at a time")
-    ap.add_argument("--moments", type=int, default=10, help="moments per job, target and signal (>= 3)")
+    ap.add_argument("--moments", type=int, default=10, help="moments per job, target and signal (at least 6: one fraction and five events)")
     ap.add_argument("--sample", action="store_true", help="only the sample of cells that tests/reliability runs")
     ap.add_argument("--jobs", default=",".join(JOBS), help="jobs to run (comma-separated)")
     ap.add_argument("--targets", default=",".join(TARGETS), help="processes to signal (comma-separated)")
@@ -575,8 +655,17 @@ def main() -> int:
     cells = run_cells(specs, work, args.liveness, args.parallel)
     print(failed_table(cells))
     print(summary(cells, args.liveness))
-    bad = sum(1 for c in cells if not c.missed and not c.ok)
-    print(f"{len(cells)} cells, {sum(1 for c in cells if c.missed)} missed (the job had ended), {bad} failed; "
+    for c in cells:
+        if c.lost:
+            print(f"lost: {c.job} {c.target} SIG{c.fault} at {c.moment}: sent before any rank ran its program; "
+                  f"the job completed (exit 0, every output in place, {c.seconds:.1f} s after the signal)")
+    for sig in sorted({c.fault for c in cells if c.lost}):
+        sent, completed = hydra_drops(sig)
+        print(f"hydra alone (a plain mpi4py job, no mpifc): SIG{sig} to mpiexec once its daemon ran and before it "
+              f"started a rank, {sent} times: the job completed with exit 0 {completed} times")
+    bad = sum(1 for c in cells if failed(c))
+    print(f"{len(cells)} cells, {sum(1 for c in cells if c.missed)} missed (the job had ended), "
+          f"{sum(1 for c in cells if c.lost)} lost (hydra dropped the signal), {bad} failed; "
           f"--liveness {args.liveness:g}, {args.parallel} jobs at a time, {time.time() - t0:.0f} s; "
           f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores")
     if args.out:

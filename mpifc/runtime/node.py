@@ -379,7 +379,7 @@ def join_early(argv: list[str], default_limit_s: float) -> "NodeView | None":
     from mpifc.runtime.launcher import env_rank
 
     limit = liveness_in(argv, default_limit_s)
-    if current() is None and launcher_process() is None and local_rank_count() is not None and os.getppid() == 1:
+    if current() is None and launcher_process() is None and local_rank_count() is not None and early.launcher_gone():
         # Started by a launcher whose daemon is gone (killed while this rank started): nobody
         # can hear this rank any more, and mpiexec has reported the failure.
         os._exit(1)

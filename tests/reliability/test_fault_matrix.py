@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -83,6 +85,50 @@ def test_a_killed_sentinel_leaves_no_node_folder(work):
     while folder.exists() and time.monotonic() < until:
         time.sleep(0.05)
     assert not folder.exists(), sorted(p.name for p in folder.iterdir())
+
+
+def _rank_env(pmi: socket.socket, control: socket.socket | None = None, size: int = 1) -> dict[str, str]:
+    """The environment hydra gives a rank of a one-node job: its rank, the node's rank count, its
+    PMI socket and (leaked) the daemon's own control socket."""
+    env = bench._env({"PMI_RANK": "0", "PMI_SIZE": str(size), "MPI_LOCALNRANKS": str(size),
+                      "PMI_FD": str(pmi.fileno())})
+    if control is not None:
+        env["HYDI_CONTROL_FD"] = str(control.fileno())
+    return env
+
+
+def test_a_rank_lets_go_of_the_daemons_control_socket_as_it_starts():
+    """hydra leaves its daemon's control socket open in every rank; ``mpiexec`` sees the daemon
+    die only once no process holds it. The command's first line closes the rank's copy."""
+    daemon_end, mpiexec_end = socket.socketpair()
+    pmi_rank, pmi_daemon = socket.socketpair()
+    script = ("import os, sys; from mpifc.runtime import early; early.take(sys.argv[1:], 10.0); "
+              "print(os.environ.get('HYDI_CONTROL_FD')); sys.stdout.flush(); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=REPO, env=_rank_env(pmi_rank, daemon_end),
+                            pass_fds=(pmi_rank.fileno(), daemon_end.fileno()))
+    daemon_end.close()
+    pmi_rank.close()
+    try:
+        assert proc.stdout.readline().strip() == "None"  # the variable is gone with the socket
+        mpiexec_end.settimeout(60)
+        assert mpiexec_end.recv(1) == b"" and proc.poll() is None  # closed by the live rank
+    finally:
+        proc.communicate(timeout=60)
+        mpiexec_end.close()
+        pmi_daemon.close()
+    assert proc.returncode == 0
+
+
+def test_a_rank_whose_daemon_is_gone_ends_at_once_without_a_word():
+    """A rank that starts after its launcher daemon was killed (its PMI socket has hung up) ends
+    before its imports, quietly: ``mpiexec`` has reported the failure, and nobody reads the rank."""
+    pmi_rank, pmi_daemon = socket.socketpair()
+    pmi_daemon.close()
+    proc = subprocess.run([sys.executable, "-m", "mpifc", "info"], capture_output=True, text=True, cwd=REPO,
+                          env=_rank_env(pmi_rank, size=3), pass_fds=(pmi_rank.fileno(),), timeout=120)
+    pmi_rank.close()
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "")
 
 
 def test_named_in_reads_the_lines():
