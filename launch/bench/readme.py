@@ -26,12 +26,18 @@ import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grouprun import run_checked  # noqa: E402  (beside this script)
-
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "launch"))
-import figures  # noqa: E402  (launch/figures.py)
+# grouprun.py (beside this script) and launch/figures.py, imported with their folders on
+# sys.path for the import only: this folder's data_prep.py would shadow the data_prep package
+# for whoever imports it later in the same process (a test loading this script)
+_FOLDERS = [str(Path(__file__).resolve().parent), str(REPO / "launch")]
+sys.path[:0] = _FOLDERS
+try:
+    import figures  # noqa: E402
+    from grouprun import run_checked  # noqa: E402
+finally:
+    for _f in _FOLDERS:
+        sys.path.remove(_f)
 
 README = REPO / "README.md"
 BLOCK = re.compile(r"<!-- tested ([\w-]+) -->\s*\n```(?:bash|sh)?\n(.*?)\n```", re.DOTALL)
