@@ -29,8 +29,9 @@ _signals.install(_signals.env_rank())
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Callable, Iterator  # noqa: E402
 
 import mpifc  # noqa: E402
 from mpifc.errors import UserError  # noqa: E402
@@ -181,10 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     _take_signals()
     tick = _start_ticker(list(sys.argv[1:] if argv is None else argv))
     try:
-        args = parse_args(argv)
+        with _no_collection_while_loading():
+            args = parse_args(argv)
+            handler = resolve_handler(args.command)
         if tick is not None and (getattr(args, "json", False) or getattr(args, "quiet", False)):
             tick.stop()  # a config file asked for it
-        code = int(resolve_handler(args.command)(args) or 0)
+        code = int(handler(args) or 0)
     except SystemExit as e:
         # argparse's own errors and --help: every rank parsed the same argv, so all exit alike.
         if e.code in (None, 0) or not _mpi_running_multi():
@@ -199,6 +202,26 @@ def main(argv: list[str] | None = None) -> int:
             tick.stop()
     _signals.leave(code)  # under a launcher: MPI_Finalize, the end mark, and the exit at once
     return code
+
+
+@contextmanager
+def _no_collection_while_loading() -> Iterator[None]:
+    """No garbage collection while the command's modules load: they are long-lived objects
+    (modules, classes, functions), and a collection pass over them frees nothing (measured:
+    a collection-free start of a training rank saves about 0.03 CPU-s, which on a node of many
+    ranks sharing few cores adds up). In a rank of a job, a fresh process, what has loaded is
+    then frozen (:func:`gc.freeze`), so the job's collections no longer walk it."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            if _signals.env_rank() is not None:
+                gc.freeze()
+            gc.enable()
 
 
 def _take_signals() -> None:

@@ -93,6 +93,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+SEPARABLE_CLASSES = 16
+"""From this many classes on, a class query is evaluated as terms, one per class, where the
+circuit allows it (:mod:`mpifc.federated.flat`: the cost of unrolling grows with classes times
+the nodes over the target), and a LearnSPN PC holding the target sizes its RDC features per
+column (:func:`mpifc.federated.one_pass.leaf_candidates`). Here, not in the evaluator's
+module, so a client rank, which fits and never evaluates the circuit, need not load that."""
+
 PRESETS = ("adaptive", "learner", "paper")
 """``mpifc train --preset``: which defaults fill the hyperparameters the user did not set."""
 

@@ -51,6 +51,7 @@ import numpy as np
 from mpifc.circuit.graph import LeafNode, ProductNode, SumNode
 from mpifc.circuit.leaves import LEAF_TYPES, LOG_ZERO, Gaussian, Histogram, Leaf
 from mpifc.errors import UserError
+from mpifc.federated.defaults import SEPARABLE_CLASSES  # noqa: F401 - also read here by callers
 from mpifc.federated.evaluate import _model_ll
 from mpifc.federated.structure import AVERAGE, LEAF, PRODUCT, SUM, FederatedCircuit
 
@@ -73,9 +74,6 @@ _REGISTERED = frozenset(LEAF_TYPES.values())
 MIN_CHUNK_ROWS = 256
 MAX_CHUNK_ROWS = 2048
 
-SEPARABLE_CLASSES = 16
-"""From this many classes on, a class query is evaluated as :class:`_Terms` where the circuit
-allows it (the cost of unrolling grows with classes times the nodes over the target)."""
 
 MAX_TERMS = 1 << 16
 """Most terms of :class:`_Terms`; a circuit with more is unrolled per class."""

@@ -8,7 +8,6 @@ learners' own signatures.
 """
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -189,6 +188,8 @@ def check_hyperparameters(hp: dict[str, Any], learners: Iterable[str], flag: str
     for key, value in hp.items():
         p = known.get(key)
         if p is None:
+            import difflib  # the error path only: every rank of every job imports this module
+
             close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             raise UserError(f"{flag} {key}: unknown hyperparameter of learner {'/'.join(learners)}{hint} "

@@ -372,7 +372,7 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int, cluster: 
     held-out rows (:func:`mpifc.federated.defaults.target_candidates`), in order of preference.
     :data:`TARGET_FIRST` becomes LearnSPN's ``class_column`` where the PC holds the target.
 
-    A LearnSPN PC that holds a target of :data:`~mpifc.federated.flat.SEPARABLE_CLASSES` classes
+    A LearnSPN PC that holds a target of :data:`~mpifc.federated.defaults.SEPARABLE_CLASSES` classes
     or more sizes its RDC features per column (``rdc_widths="own"``, unless the user set it): with
     the shared width, the target's hundreds of values would widen every column's features to
     as many, and the eigensolves grow with the cube of that width.
@@ -381,8 +381,7 @@ def leaf_candidates(plan: FederationPlan, task: LeafTask, n_rows: int, cluster: 
     number of classes, :func:`pool_rare_classes`) holding the target is cut into row clusters
     down to :data:`~mpifc.federated.defaults.POOL_MIN_SLICE` rows (with the adaptive defaults,
     unless the user set ``min_instances_slice``)."""
-    from mpifc.federated.defaults import POOL_MIN_SLICE, adaptive_hyperparameters, target_candidates
-    from mpifc.federated.flat import SEPARABLE_CLASSES
+    from mpifc.federated.defaults import POOL_MIN_SLICE, SEPARABLE_CLASSES, adaptive_hyperparameters, target_candidates
 
     explicit = {k: v for k, v in plan.hyperparameters.items()
                 if k != CLUSTER_WITHOUT_TARGET and not k.startswith("dp_")}
