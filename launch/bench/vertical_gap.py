@@ -57,6 +57,36 @@ On adult's rows (``mpifc.simulate``, seeds 0-2), more clusters for that client (
 instead of 16) raised the vertical cell by at most 0.005 in accuracy and 0.009 in macro F1 on a
 seed, and in three of the six runs lowered one of them by up to 0.003; ``--em-leaves`` (seed 0)
 raised accuracy by 0.012 and lowered macro F1 by 0.008.
+
+On the three public tables of ``launch/bench/usertables.py`` (``--datasets mpg,helpmiss,exam
+--seeds 0``: the shards that benchmark makes), measured 2026-11-28 on 2 shared cores (load
+18-32), accuracy / macro F1:
+
+  table (rows, classes)  HGB central  ours vertical  ours x0 only  HGB x0       ours x1 only  HGB x1       x0 ours, x1 HGB
+  mpg (187, 7)           0.957/0.960  0.681/0.571    0.553/0.394   0.489/0.561  0.468/0.284   0.936/0.944  0.957/0.966
+  HELPmiss (376, 3)      0.585/0.593  0.511/0.508    0.489/0.476   0.553/0.561  0.457/0.434   0.447/0.437  0.532/0.537
+  Exam (3,247, 3)        0.754/0.698  0.717/0.652    0.674/0.566   0.649/0.551  0.695/0.484   0.745/0.690  0.751/0.709
+
+(rows: training rows.)
+
+* mpg: the class is in the other client's text columns (make, model, transmission, drive, fuel;
+  HGB on them alone 0.936), which reach it through K = 4 clusters on 187 rows, fewer than the 7
+  classes: a cluster's PC gives each of its car models the same probability whatever the class.
+  With k-means on the standardised codes of those columns (38 models on one axis) the cell is
+  0.596 / 0.482; one-hot, as LearnSPN's own row split sees them, 0.681 / 0.571 (the default).
+  K = 8 gives 0.681 / 0.567, K = 16 0.681 / 0.576, K = 32 (6 rows a cluster, near the 5-row
+  floor) 0.745 / 0.621; ``--em-leaves`` (K 4 to 16, up to 50 iterations) 0.660-0.681.
+* Exam: the other client holds the reading test score (``standLRT``). At K = 4 (one cluster per
+  800 rows) its part alone predicts the majority class (0.578 / 0.244) and the cell is 0.676 /
+  0.593; at K = 16 (one per 200 rows, the default) 0.695 / 0.484 and 0.717 / 0.652.
+  ``--em-leaves`` (K = 16) 0.713 / 0.644. A central LearnSPN reaches HGB (0.756 / 0.713).
+* HELPmiss: the label owner's part is the weak one (0.489 / 0.476 against HGB's 0.553 / 0.561
+  on its columns; HGB's in its place with ours for the other client: 0.585 / 0.598), as is a
+  central LearnSPN (0.532 / 0.542); hybrid equals HGB (0.585 / 0.592). Its 94 test rows make one
+  row 0.011 of accuracy and the binomial standard error about 0.05: LearnSPN's
+  ``min_instances_slice`` at 40, 100 and 1,000 (per-class PCs fully factorised) gave the
+  vertical cell 0.553, 0.532 and 0.585, differences within that error. mpg's 47 test rows make
+  one row 0.021.
 """
 from __future__ import annotations
 
@@ -69,11 +99,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from defaults import prepare  # beside this script
+from defaults import prepare, run  # beside this script
 
 MEASURES = ["HGB central", "HGB label owner (x0)", "HGB other client (x1)", "ours vertical", "ours, x0 only",
             "ours, x1 only", "ours hybrid", "central LearnSPN", "x0 ours, x1 HGB", "x0 HGB, x1 HGB"]
 """Rows of the table, in order (module doc)."""
+
+
+def shard_folder(dataset: str, setting: str, clients: int, seed: int, max_rows: int | None, out: Path,
+                 timeout: float) -> Path:
+    """``python -m data_prep`` shards of ``dataset``: a data_prep dataset, or one of
+    ``usertables.py``'s public tables (exported as the CSV a user holds, then ``--dataset csv
+    --target``, as that benchmark does)."""
+    from usertables import TABLES, export  # beside this script
+
+    table = {t.name: t for t in TABLES}.get(dataset)
+    if table is None:
+        cell = dict(dataset=dataset, max_rows=max_rows, goal=dataset, clients=clients, setting=setting)
+        return prepare(cell, seed, "keep", out, timeout)
+    d = out / "shards" / f"{dataset}-{setting}-{clients}-s{seed}"
+    if not (d / "manifest.json").is_file():
+        data = out / "tables" / f"{dataset}.csv"
+        if not data.is_file():
+            data.parent.mkdir(parents=True, exist_ok=True)
+            export(table, data)
+        run([sys.executable, "-m", "data_prep", "--dataset", "csv", "--path", str(data), "--target", table.target,
+             "--setting", setting, "--clients", str(clients), "--seed", str(seed), "--out", str(d)], timeout)
+    return d
 
 
 def model_rows(model: Any, shards: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -111,10 +163,9 @@ def one_seed(dataset: str, seed: int, max_rows: int | None, out: Path,
 
     from mpifc.baselines.data import central_train_xy, scores, test_xy
 
-    cell = dict(dataset=dataset, max_rows=max_rows, goal=dataset, clients=2)
-    central = prepare(dict(cell, setting="central", clients=1), seed, "keep", out, timeout)
-    vertical = prepare(dict(cell, setting="vertical"), seed, "keep", out, timeout)
-    hybrid = prepare(dict(cell, setting="hybrid"), seed, "keep", out, timeout)
+    central = shard_folder(dataset, "central", 1, seed, max_rows, out, timeout)
+    vertical = shard_folder(dataset, "vertical", 2, seed, max_rows, out, timeout)
+    hybrid = shard_folder(dataset, "hybrid", 2, seed, max_rows, out, timeout)
     mv = load_manifest(vertical)
     x0 = [f for f in mv.clients[int(mv.label_owner)]["features"] if f != mv.target]
     m, tr = central_train_xy(central)
@@ -152,7 +203,9 @@ def one_seed(dataset: str, seed: int, max_rows: int | None, out: Path,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", default="adult", help="comma-separated data_prep datasets (default adult)")
+    p.add_argument("--datasets", default="adult",
+                   help="comma-separated data_prep datasets or usertables.py tables (helpmiss, exam, mpg; "
+                        "default adult)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--max-rows", type=int, default=20000, help="rows per dataset (default 20000; 0: all)")
     p.add_argument("--out", default=None, help="folder for the shards (default: a temporary one)")

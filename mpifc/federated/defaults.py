@@ -72,8 +72,8 @@ Give Me Some Credit gives a higher macro F1 than the class split (0.75 against 0
 against 0.67). Past :data:`MAX_SCORED_CLASSES` classes no choice is made (the class split,
 unscored), and a client's class split gives every class it holds fewer than five rows of its
 whole distribution: the class glue pools those classes instead (:data:`POOL_MIN_SLICE`). On vertical data the
-other clients' subspaces are k-means clustered (K = 4, one more per 800 rows beyond 3,200, at most
-16: :func:`default_clusters`) and joined with every class
+other clients' subspaces are k-means clustered (K = 4, one more per 200 rows beyond 800, at most
+16: :func:`default_clusters`; a categorical column one-hot, as in LearnSPN's own row split) and joined with every class
 (combinatorial weights), and sampled EM (``--refine em``, at most :data:`CLASS_GLUE_EM_ITERS`
 iterations on :data:`CLASS_GLUE_EM_ROWS` seeded aligned rows, every PC kept;
 :func:`default_refine`, :mod:`mpifc.federated.sampled_em`) learns how the classes and those
@@ -239,12 +239,20 @@ CLASS_GLUE_CLUSTERS = 4
 """K of a single-owner subspace without the target under the ``class`` glue (vertical data): the
 clusters that exact EM ties to the classes."""
 
-CLASS_GLUE_ROWS_PER_CLUSTER = 800
+CLASS_GLUE_ROWS_PER_CLUSTER = 200
 CLASS_GLUE_MAX_CLUSTERS = 16
 """The class glue's K grows with the clustered client's rows: ``n_rows // CLASS_GLUE_ROWS_PER_CLUSTER``
-between :data:`CLASS_GLUE_CLUSTERS` and this (16 from 12,800 rows). Each cluster costs the
-default sampled EM ``4 * CLASS_GLUE_EM_ROWS`` bytes (8 kB) and its PC; more clusters let the other
-client's columns say more about the class."""
+between :data:`CLASS_GLUE_CLUSTERS` and this (16 from 3,200 rows). The class reaches the clustered
+client's columns only through which cluster a row falls in, so the clusters are as fine as the
+rows allow: at 200 rows a cluster, the class glue's weights of a few classes by K clusters each
+rest on tens of rows, and the cluster's PC keeps room for LearnSPN's own splits (10 % of its rows
+a slice). Each cluster costs the default sampled EM ``4 * CLASS_GLUE_EM_ROWS`` bytes (8 kB) and its
+PC. Measured with ``mpifc.simulate`` on the vertical shards of ``launch/bench/usertables.py``'s
+Exam (3,247 training rows, seed 0): K = 4 (one per 800 rows) 0.676 / 0.593, K = 8 0.713 / 0.641,
+K = 16 0.717 / 0.652 (accuracy / macro F1; central HistGradientBoosting 0.754 / 0.698); on fair
+(``launch/bench/defaults.py``'s held-out table, seed 0) K = 7 0.683 / 0.608, K = 16 0.697 / 0.628,
+seed 1 0.705 / 0.644 and 0.704 / 0.645. On adult (13,333 rows) K is 16 either way; more (32-48)
+did not raise it (``launch/bench/vertical_gap.py``)."""
 
 CLASS_GLUE_MAX_PRODUCTS = 256
 """The class glue's default K keeps ``classes x K^m`` (m: the clustered subspaces) products at
@@ -352,7 +360,7 @@ RULE_HELP = (
     "'class' on vertical data with a target, on hybrid data whose every client holds it and on "
     "horizontal data whose smallest client has fewer than 1,000 rows or whose target has more than 32 classes "
     "(the target's holders split their rows by class; on vertical data the other clients' subspaces "
-    "get K = n/800 between 4 and 16 and --refine em runs up to 100 iterations of sampled EM on the server over the "
+    "get K = n/200 between 4 and 16 (categorical columns one-hot in k-means) and --refine em runs up to 100 iterations of sampled EM on the server over the "
     "values of every PC on 2,048 rows, sent once, --em-rows), "
     "else 'random'. Explicit flags and --hp keys "
     "always win; the values used are in the "

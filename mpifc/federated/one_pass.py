@@ -216,8 +216,14 @@ class ClientReport:
         return cls(client, leaves, cluster_ids)
 
 
-def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """k-means labels ``(n,)`` int64 in ``0..k'-1`` (``k' <= k``; empty clusters dropped)."""
+def cluster_rows(x: np.ndarray, k: int, seed: int, cards: Sequence[int] | None = None) -> np.ndarray:
+    """k-means labels ``(n,)`` int64 in ``0..k'-1`` (``k' <= k``; empty clusters dropped).
+
+    ``cards``: per column, the categories of a categorical column (0 for the others). A
+    categorical column of more than two categories enters k-means one-hot, as in LearnSPN's own
+    row split (:func:`mpifc.circuit.splitting.clustering_features`): its codes carry no distance,
+    and standardised codes would put two makes or schools that happen to be numbered apart
+    farther from each other than from a third. Every other column enters standardised."""
     n = x.shape[0]
     k = min(k, n)
     if k <= 1:
@@ -231,6 +237,11 @@ def cluster_rows(x: np.ndarray, k: int, seed: int) -> np.ndarray:
 
     scale = x.std(axis=0)
     z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
+    if cards is not None and any(int(c) > 2 for c in cards):
+        from mpifc.circuit.splitting import clustering_features
+
+        onehot = [int(c) > 2 for c in cards]
+        z = clustering_features(np.where(onehot, x, z), onehot, [int(c) for c in cards])
     with single_native_thread():
         labels = kmeans_labels(z, k, 3, seed)
     # Ids by first appearance (compact, independent of k-means' numbering); a cluster of one row
@@ -533,7 +544,9 @@ def run_client_tasks(plan: FederationPlan, client: int, x: np.ndarray, features:
             leaves.append(LeafReport(client, t.subspace, -1, len(xs), t.learner, t.features, model))
             continue
         ccols = cluster_columns(plan, t)
-        labels = (cluster_rows(xs[:, ccols], t.n_clusters, t.seed) if ccols
+        cards = [int(plan.n_categories.get(t.features[j]) or 0) if plan.meta_types[t.features[j]] == "categorical"
+                 else 0 for j in ccols]
+        labels = (cluster_rows(xs[:, ccols], t.n_clusters, t.seed, cards) if ccols
                   else np.zeros(len(xs), dtype=np.int64))  # only the target: nothing to cluster on
         cluster_ids = labels
         for k in range(int(labels.max()) + 1):
