@@ -78,7 +78,8 @@ class _RowSearch:
     def __init__(self, rows: np.ndarray) -> None:
         self.words = np.ascontiguousarray(rows, dtype=np.float64).view(np.uint64)
         d = self.words.shape[1]
-        self.pos = np.unique(np.linspace(0, d - 1, min(d, _KEY_WORDS)).round().astype(np.int64))
+        # evenly spaced and distinct (at least one word apart); no np.unique, which imports numpy.ma
+        self.pos = np.linspace(0, d - 1, min(d, _KEY_WORDS)).round().astype(np.int64)
         self.mult = np.random.default_rng(_HASH_SEED).integers(1, 2**63, size=self.pos.size,
                                                                dtype=np.uint64) | np.uint64(1)
         with np.errstate(over="ignore"):
