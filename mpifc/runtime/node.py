@@ -325,6 +325,12 @@ class NodeView:
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream
                 pass
+        if self.aborter_claimed():
+            # A peer inside MPI claimed the job's MPI_Abort (before it said it was ready), which
+            # ends this rank too with the line's code. Exiting first, from inside MPI_Init where
+            # the launcher already counts this rank, would make it kill the others and report
+            # their signal (9).
+            time.sleep(self.end_wait_s() + 3.0)
         os._exit(code or 1)
 
     def end(self) -> None:
