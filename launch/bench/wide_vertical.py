@@ -34,7 +34,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 FLOOR = "import mpi4py.MPI, numpy, h5py"
 
 
@@ -64,11 +63,12 @@ def timed(cmd: list[str], cwd: Path) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "code": r.returncode, "out": r.stdout, "err": r.stderr}
 
 
-def read_peer(path: Path) -> None:
-    with path.open(newline="") as f:
-        rows = csv.reader(f)
-        next(rows)
-        _ = [[float(v) for v in row] for row in rows]
+READ_PEER = ("import csv, sys\n"
+             "with open(sys.argv[1], newline='') as f:\n"
+             "    rows = csv.reader(f)\n"
+             "    next(rows)\n"
+             "    table = [[float(v) for v in row] for row in rows]\n")
+"""The peer of ``data_prep``: Python's ``csv`` module reading the table into lists of floats."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(table, args.rows, args.columns)
     load0 = os.getloadavg()[0]
     results = {}
-    peer = timed([py, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'launch' / 'bench')!r}); "
-                            f"from wide_vertical import read_peer; from pathlib import Path; "
-                            f"read_peer(Path({str(table)!r}))"], work)
+    peer = timed([py, "-c", READ_PEER, str(table)], work)
     prep = timed([py, "-m", "data_prep", "--dataset", "csv", "--path", str(table), "--target", "y",
                   "--setting", "vertical", "--clients", "2", "--seed", "0", "--out", str(work / "shards")], work)
     results["data_prep"] = (prep, peer)
