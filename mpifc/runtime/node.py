@@ -217,20 +217,14 @@ class NodeView:
             pass
 
     def note_shared_memory(self) -> list[str]:
-        """Record the files in ``/dev/shm`` this process maps (MPI's shared-memory segment), so
-        the sentinel removes them once the ranks are gone: a job that does not reach
-        ``MPI_Finalize`` leaves them otherwise. Returns them."""
-        found = []
-        try:
-            with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    path = line.rstrip("\n").partition("/dev/shm/")
-                    if path[1] and "/" not in path[2] and not path[2].endswith(" (deleted)"):
-                        name = "/dev/shm/" + path[2]
-                        if name not in found:
-                            found.append(name)
-        except OSError:
-            return []
+        """Record the files of MPI's shared memory in ``/dev/shm`` this process maps, so the
+        sentinel removes them once the ranks are gone: a job that does not reach
+        ``MPI_Finalize`` leaves them otherwise. Returns them. (The sentinel also looks for them
+        itself while the ranks are inside ``MPI_Init``, and removes what no process uses any more
+        if the job fails: see :mod:`mpifc.runtime.sentinel`.)"""
+        from mpifc.runtime.sentinel import shared_memory_of
+
+        found = sorted(shared_memory_of(os.getpid()))
         if found:
             try:
                 _write_atomic(self.folder / f"shm-{self.rank}", "\n".join(found))
@@ -353,10 +347,12 @@ class NodeView:
             records = list(self.folder.glob("shm-*"))
         except OSError:  # another rank of the node removed the folder first: nothing is left
             return
+        from mpifc.runtime.sentinel import shm_segment
+
         for rec in records:
             try:
                 for seg in rec.read_text().split("\n"):
-                    if seg.startswith("/dev/shm/"):
+                    if shm_segment(seg):
                         Path(seg).unlink(missing_ok=True)
             except OSError:
                 pass
