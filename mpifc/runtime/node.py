@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -63,7 +62,6 @@ class NodeView:
         self.limit = limit_s
         self.local_ranks = local_ranks
         self.period = min(max(limit_s / 6.0, 0.02), 1.0)
-        self.sentinel: subprocess.Popen | None = None
         self.sentinel_pid: int | None = None  # the sentinel this rank started, if any
         self._stop_beacon = threading.Event()
         self._stages = 0
@@ -83,18 +81,14 @@ class NodeView:
             return None
         pid, _ = launcher
         folder = Path(node_folder(launcher))
-        try:
-            folder.mkdir(mode=0o700)
-            first = True
-        except FileExistsError:
-            first = False
+        try:  # the sentinel makes the folder (started by the node's first rank, here or as the command began)
+            if not early.meet(str(folder), limit_s, local, launcher_chain(pid), wait_s=max(3.0 * limit_s, 30.0)):
+                return None
         except OSError:
             return None
         view = cls(folder, rank, limit_s, local)
-        view.sentinel_pid = early.sentinel_started()  # started as the command began (mpifc.runtime.early)
+        view.sentinel_pid = early.sentinel_started()  # started by this rank, if any (mpifc.runtime.early)
         try:
-            if first:
-                view._start_sentinel(launcher_chain(pid))
             view.begin_job(limit_s)
             _write_atomic(view._me, str(os.getpid()))
         except OSError:
@@ -117,16 +111,6 @@ class NodeView:
             self._stop_beacon.clear()
             self._beacon_thread = threading.Thread(target=self._beacon, name="mpifc-node-beacon", daemon=True)
             self._beacon_thread.start()
-
-    def _start_sentinel(self, launchers: list[tuple[str, int]]) -> None:
-        script = Path(__file__).with_name("sentinel.py")
-        # A process group of its own: the launcher's kill of the ranks' process groups must not reach
-        # it. Standard error is the rank's, so its lines reach the user through the launcher.
-        self.sentinel = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(script), str(self.folder), repr(self.limit), str(self.local_ranks),
-             *(f"{name}:{pid}" for name, pid in launchers)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-        self.sentinel_pid = self.sentinel.pid
 
     def _beacon(self) -> None:
         while not self._stop_beacon.wait(self.period):
@@ -236,8 +220,6 @@ class NodeView:
         """Whether the node's sentinel has ended (killed): the ranks then clean up themselves."""
         from mpifc.runtime.sentinel import gone
 
-        if self.sentinel is not None:
-            return self.sentinel.poll() is not None
         pid = self.sentinel_pid
         try:
             pid = pid if pid is not None else int((self.folder / "sentinel.pid").read_text())

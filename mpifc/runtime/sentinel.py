@@ -52,6 +52,8 @@ sentinel starts, appending), which is where the user reads the job's output.
 
 Run as ``python -I -S sentinel.py FOLDER LIMIT_S LOCAL_RANKS [NAME:PID ...]``, one ``NAME:PID``
 per launcher process to watch (the per-node daemon first, then ``mpiexec`` if it runs here).
+With ``MPIFC_SENTINEL_CLAIM`` set, the node's claim is on descriptor 3 and this process makes
+the folder (:func:`mpifc.runtime.early.meet`).
 """
 from __future__ import annotations
 
@@ -827,6 +829,13 @@ def main(argv: list[str]) -> int:
         name, _, pid = spec.rpartition(":")
         if pid.isdigit():
             launchers.append((name, int(pid)))
+    if os.environ.pop("MPIFC_SENTINEL_CLAIM", ""):
+        # Started with the node's claim (held on a descriptor for this process's life): make the
+        # folder, which from then on always has a sentinel to remove it (mpifc.runtime.early.meet).
+        try:
+            os.mkdir(folder, 0o700)
+        except OSError:
+            return 0  # there already (another sentinel's), or it cannot be made: nothing to watch
     # A rank may start this process with signals blocked for its own signal thread.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C on the terminal is for the ranks
