@@ -335,6 +335,8 @@ def _event(moment: str, folder: Path | None) -> bool:
     """Whether the node folder shows the event a moment waits for."""
     if folder is None:
         return False
+    if moment.startswith("folder"):
+        return folder.exists()
     if moment.startswith("up"):
         return (folder / "rank-0.up").exists()
     if moment.startswith("final"):
@@ -355,7 +357,8 @@ def _moment_waiter(moment: str, procs: JobProcesses, t0: float, duration: float,
     first). A moment is a fraction of ``duration`` after the start, or an event of the job:
     ``daemon`` (the launcher's daemon runs; not among :func:`moments`), ``shm`` (inside
     ``MPI_Init``, as soon as a rank is seen to use a file of MPI's shared memory, ``segments``;
-    not among :func:`moments`), ``launched`` (the daemon
+    not among :func:`moments`), ``folder`` (the node folder exists; not among :func:`moments`),
+    ``launched`` (the daemon
     has started every rank: their interpreters start), ``up`` (rank 0's heartbeats run: MPI is
     up), ``phase:P`` (a rank announced phase ``P``), ``final`` (rank 0 has put its outputs in
     place), the last three with an optional ``+SECONDS``."""
