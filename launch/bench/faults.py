@@ -27,8 +27,10 @@ How a cell must end (``ok``):
   naming the right process (``named``): ``rank R`` for a rank; for ``mpiexec`` and the daemon,
   the launcher (killed or frozen) or the whole job (SIGINT: ``interrupted``, exit code 130;
   SIGTERM: ``the job received SIGTERM``, 143), never a rank; no output (model, ledger, answer)
-  at its final path nor partial file beside it; no ``/dev/shm`` file the job's MPI mapped, no
-  node folder and no process of the job left a few seconds after ``mpiexec`` ended;
+  at its final path nor partial file beside it; no file of MPI's shared memory in ``/dev/shm``
+  that the job's ranks held open or mapped (read from ``/proc`` while they live, so that the
+  files of other jobs on the machine never count; see :class:`SegmentWatch`), no node folder and
+  no process of the job left a few seconds after ``mpiexec`` ended;
 * or, where the signal ends a process before any process of the job can see it go
   (``unwatched``, see :func:`_unwatched`: before the node sentinel's first look, SIGKILL of a rank,
   ``mpiexec`` or its daemon, or SIGTERM/SIGINT that reaches a rank before its first line of mpifc
@@ -59,7 +61,9 @@ A signal that finds its process gone or done (a rank that marked its normal end 
 with no daemon left) is counted ``missed``, not run. Printed: the table of failed cells, then per
 job and target the runs, hangs (no end within ``liveness + 5`` s), the worst end time, misnamed
 runs, runs with leftovers, unwatched and lost cells; the lost cells and hydra's own figure; the
-load average beside the figures. The exit status is 0 only if no cell failed.
+files of MPI's shared memory the cells left, and those that appeared during the run, stay and
+are used by nobody, that no cell's ranks were seen to use (:func:`stray_segments`); the load
+average beside the figures. The exit status is 0 only if no cell failed.
 """
 
 import argparse
@@ -273,7 +277,7 @@ class SegmentWatch:
     their names or times. Often (every few milliseconds) while a rank is inside ``MPI_Init``,
     where MPICH makes its files, then once in a while."""
 
-    FAST_S, SLOW_S = 0.004, 0.25
+    FAST_S, WAIT_S, SLOW_S = 0.004, 0.05, 0.25  # inside MPI_Init; before it; once the files are known
 
     def __init__(self, procs: "JobProcesses") -> None:
         self.procs = procs
@@ -297,7 +301,10 @@ class SegmentWatch:
                     self._shown.add(pid)
                 elif folder is None or (folder / f"rank-{r}.ready").exists() or not folder.exists():
                     fast = True  # inside MPI_Init (or not told): its files come any moment
-            wait = self.FAST_S if fast or len(self.procs.ranks) < N_RANKS else self.SLOW_S if self._shown else 0.05
+            if fast or len(self.procs.ranks) < N_RANKS:
+                wait = self.FAST_S
+            else:
+                wait = self.SLOW_S if self._shown else self.WAIT_S
             if self._stop.wait(wait):
                 return
 
@@ -355,13 +362,13 @@ def _moment_waiter(moment: str, procs: JobProcesses, t0: float, duration: float,
                    segments: "SegmentWatch | None" = None):
     """A function that returns True once the cell's moment has come (False if the job ended
     first). A moment is a fraction of ``duration`` after the start, or an event of the job:
-    ``daemon`` (the launcher's daemon runs; not among :func:`moments`), ``shm`` (inside
-    ``MPI_Init``, as soon as a rank is seen to use a file of MPI's shared memory, ``segments``;
-    not among :func:`moments`), ``folder`` (the node folder exists; not among :func:`moments`),
-    ``launched`` (the daemon
-    has started every rank: their interpreters start), ``up`` (rank 0's heartbeats run: MPI is
-    up), ``phase:P`` (a rank announced phase ``P``), ``final`` (rank 0 has put its outputs in
-    place), the last three with an optional ``+SECONDS``."""
+    ``daemon`` (the launcher's daemon runs), ``launched`` (the daemon has started every rank:
+    their interpreters start), ``folder`` (the node folder exists), ``shm`` (inside ``MPI_Init``,
+    as soon as a rank is seen to use a file of MPI's shared memory, see :class:`SegmentWatch`),
+    ``up`` (rank 0's heartbeats run: MPI is up), ``phase:P`` (a rank announced phase ``P``),
+    ``final`` (rank 0 has put its outputs in place); the last five with an optional
+    ``+SECONDS``. ``daemon``, ``folder`` and ``shm`` are not among :func:`moments` (for targeted
+    runs, ``--when``)."""
     event, _, delay = moment.partition("+")
 
     def wait(proc: subprocess.Popen) -> bool:
