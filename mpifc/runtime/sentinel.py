@@ -198,6 +198,15 @@ def remove_temps(target: str) -> None:
                 pass
 
 
+def remove_files(paths) -> None:
+    """Remove the files ``paths`` (those already gone are skipped)."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def remove_committed(record: str) -> None:
     """Remove an output renamed into place (record: ``path<TAB>device<TAB>inode``) if the file
     at its path is still the one the job wrote."""
@@ -750,13 +759,9 @@ class Sentinel:
                 os.unlink(self.path(name))
             except OSError:
                 pass
-        if failed:  # (a job that ends well removes its own in MPI_Finalize)
-            segments |= self.stray_segments()
-        for seg in segments:
-            try:
-                os.unlink(seg)
-            except OSError:
-                pass
+        remove_files(segments)
+        if failed:  # after the known ones are gone: it looks at every process only when some file is
+            remove_files(self.stray_segments())  # left to judge (a job that ends well removes its own)
         for folder in sorted(folders, key=len, reverse=True):  # deepest first
             try:
                 os.rmdir(folder)
