@@ -27,8 +27,10 @@ How a cell must end (``ok``):
   naming the right process (``named``): ``rank R`` for a rank; for ``mpiexec`` and the daemon,
   the launcher (killed or frozen) or the whole job (SIGINT: ``interrupted``, exit code 130;
   SIGTERM: ``the job received SIGTERM``, 143), never a rank; no output (model, ledger, answer)
-  at its final path nor partial file beside it; no ``/dev/shm`` file the job's MPI mapped, no
-  node folder and no process of the job left a few seconds after ``mpiexec`` ended;
+  at its final path nor partial file beside it; no file of MPI's shared memory in ``/dev/shm``
+  that the job's ranks held open or mapped (read from ``/proc`` while they live, so that the
+  files of other jobs on the machine never count; see :class:`SegmentWatch`), no node folder and
+  no process of the job left a few seconds after ``mpiexec`` ended;
 * or, where the signal ends a process before any process of the job can see it go
   (``unwatched``, see :func:`_unwatched`: before the node sentinel's first look, SIGKILL of a rank,
   ``mpiexec`` or its daemon, or SIGTERM/SIGINT that reaches a rank before its first line of mpifc
@@ -59,7 +61,9 @@ A signal that finds its process gone or done (a rank that marked its normal end 
 with no daemon left) is counted ``missed``, not run. Printed: the table of failed cells, then per
 job and target the runs, hangs (no end within ``liveness + 5`` s), the worst end time, misnamed
 runs, runs with leftovers, unwatched and lost cells; the lost cells and hydra's own figure; the
-load average beside the figures. The exit status is 0 only if no cell failed.
+files of MPI's shared memory the cells left, and those that appeared during the run, stay and
+are used by nobody, that no cell's ranks were seen to use (:func:`stray_segments`); the load
+average beside the figures. The exit status is 0 only if no cell failed.
 """
 
 import argparse
@@ -94,6 +98,7 @@ SAMPLE_SIGNALS = [  # (job, target, signal, moment): the sample tests/reliabilit
     ("evaluate", "hydra_pmi_proxy", "KILL", "up+0.2"), ("train", "mpiexec", "STOP", "final"),
     ("query", "rank 1", "INT", "up+0.3"), ("train", "rank 2", "KILL", "phase:startup"),
     ("evaluate", "rank 1", "TERM", "phase:startup"), ("train", "hydra_pmi_proxy", "KILL", "launched"),
+    ("evaluate", "rank 1", "KILL", "shm"),
 ]
 SAMPLE_INJECTED = [("learn", "client raise"), ("query", "server return"), ("write", "client return")]
 
@@ -114,6 +119,7 @@ class Cell:
     lines: int = 0
     line: str = ""
     leftovers: list[str] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)  # files of MPI's shared memory the job's ranks held
     unwatched: bool = False  # a rank ended by the signal before any process of mpifc could see it go
     lost: bool = False  # SIGTERM/SIGINT that hydra's mpiexec dropped (see the module docstring)
     ok: bool = False
@@ -264,6 +270,61 @@ class JobProcesses:
         return Path("/dev/shm") / f"mpifc-{os.getuid()}-{self.proxy}-{self.start}"
 
 
+class SegmentWatch:
+    """The files of MPI's shared memory in ``/dev/shm`` that a job's ranks hold open or map, read
+    from ``/proc`` by a thread while they live: what the job made, told apart from the files of
+    the other jobs on the machine (other cells, other users' jobs) by who uses them, never by
+    their names or times. Often (every few milliseconds) while a rank is inside ``MPI_Init``,
+    where MPICH makes its files, then once in a while."""
+
+    FAST_S, WAIT_S, SLOW_S = 0.004, 0.05, 0.25  # inside MPI_Init; before it; once the files are known
+
+    def __init__(self, procs: "JobProcesses") -> None:
+        self.procs = procs
+        self.seen: set[str] = set()
+        self._shown: set[int] = set()  # ranks (pids) seen holding a file
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="faults-shm", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from mpifc.runtime.sentinel import shared_memory_of
+
+        while True:
+            self.procs.refresh()
+            folder = self.procs.folder()
+            fast = False
+            for r, pid in list(self.procs.ranks.items()):
+                got = shared_memory_of(pid)
+                self.seen |= got
+                if got:
+                    self._shown.add(pid)
+                elif folder is None or (folder / f"rank-{r}.ready").exists() or not folder.exists():
+                    fast = True  # inside MPI_Init (or not told): its files come any moment
+            if fast or len(self.procs.ranks) < N_RANKS:
+                wait = self.FAST_S
+            else:
+                wait = self.SLOW_S if self._shown else self.WAIT_S
+            if self._stop.wait(wait):
+                return
+
+    def stop(self) -> set[str]:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        return self.seen
+
+
+def stray_segments(before: set[str], cells: list["Cell"]) -> list[str]:
+    """Files of MPI's shared memory that appeared in ``/dev/shm`` since ``before`` (a listing
+    taken as the matrix started), stay, and are used by no process, but that no cell's ranks were
+    seen to use: made by a job of the matrix killed in the few milliseconds between making one
+    and the next look, or by another job on the machine (which of the two is unknown)."""
+    from mpifc.runtime.sentinel import shared_memory_files, unheld
+
+    ours = {s for c in cells for s in c.segments}
+    return unheld(set(shared_memory_files()) - before - ours)
+
+
 # -- one cell -----------------------------------------------------------------------------------
 def named_in(stderr: str, target: str) -> tuple[bool, str]:
     """Whether the ``mpifc:`` line names ``target`` (a rank: ``rank R``/``ranks A, R``; the
@@ -281,6 +342,8 @@ def _event(moment: str, folder: Path | None) -> bool:
     """Whether the node folder shows the event a moment waits for."""
     if folder is None:
         return False
+    if moment.startswith("folder"):
+        return folder.exists()
     if moment.startswith("up"):
         return (folder / "rank-0.up").exists()
     if moment.startswith("final"):
@@ -295,13 +358,17 @@ def _event(moment: str, folder: Path | None) -> bool:
     return False
 
 
-def _moment_waiter(moment: str, procs: JobProcesses, t0: float, duration: float):
+def _moment_waiter(moment: str, procs: JobProcesses, t0: float, duration: float,
+                   segments: "SegmentWatch | None" = None):
     """A function that returns True once the cell's moment has come (False if the job ended
     first). A moment is a fraction of ``duration`` after the start, or an event of the job:
-    ``daemon`` (the launcher's daemon runs; not among :func:`moments`), ``launched`` (the daemon
-    has started every rank: their interpreters start), ``up`` (rank 0's heartbeats run: MPI is
-    up), ``phase:P`` (a rank announced phase ``P``), ``final`` (rank 0 has put its outputs in
-    place), the last three with an optional ``+SECONDS``."""
+    ``daemon`` (the launcher's daemon runs), ``launched`` (the daemon has started every rank:
+    their interpreters start), ``folder`` (the node folder exists), ``shm`` (inside ``MPI_Init``,
+    as soon as a rank is seen to use a file of MPI's shared memory, see :class:`SegmentWatch`),
+    ``up`` (rank 0's heartbeats run: MPI is up), ``phase:P`` (a rank announced phase ``P``),
+    ``final`` (rank 0 has put its outputs in place); the last five with an optional
+    ``+SECONDS``. ``daemon``, ``folder`` and ``shm`` are not among :func:`moments` (for targeted
+    runs, ``--when``)."""
     event, _, delay = moment.partition("+")
 
     def wait(proc: subprocess.Popen) -> bool:
@@ -311,6 +378,13 @@ def _moment_waiter(moment: str, procs: JobProcesses, t0: float, duration: float)
                 if procs.proxy is not None and len(children(procs.proxy)) >= (N_RANKS if event == "launched" else 0):
                     return True
                 time.sleep(0.0005)
+            return False
+        if event == "shm":
+            while proc.poll() is None:
+                if segments is not None and segments.seen:
+                    time.sleep(float(delay or 0.0))
+                    return proc.poll() is None
+                time.sleep(0.001)
             return False
         if event[0].isdigit():
             at = t0 + float(event) * duration
@@ -352,13 +426,14 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(extra),
                             cwd=REPO, start_new_session=True)
     procs = JobProcesses(proc.pid)
+    segments = SegmentWatch(procs)
     err_parts: list[str] = []
     reader = threading.Thread(target=lambda: err_parts.append(proc.stderr.read()), daemon=True)
     reader.start()
     fault_at = None
     before_ranks = False
     if fault not in INJECTED:
-        if _moment_waiter(moment, procs, t0, duration)(proc):
+        if _moment_waiter(moment, procs, t0, duration, segments)(proc):
             pid = procs.pid_of(target)
             while pid is None and proc.poll() is None:  # a rank not started yet: send as it appears
                 time.sleep(0.002)
@@ -394,7 +469,9 @@ def run_cell(job: str, target: str, fault: str, moment: str, files: dict[str, Pa
     # A signal to mpiexec before any rank ran its program, after which the job ran to its end:
     # hydra dropped it (no process of mpifc existed yet to see it); anything else is judged below.
     dropped = before_ranks and proc.returncode == 0
-    cell.leftovers += _leftovers(procs, log, out, finals, success=(target, fault) in IGNORED or dropped)
+    cell.leftovers += _leftovers(procs, log, out, finals, segments,
+                                 success=(target, fault) in IGNORED or dropped)
+    cell.segments = sorted(segments.seen)
     cell.lost = dropped and cell.lines == 0 and not cell.leftovers
     cell.ok = cell.injected and not cell.missed and not cell.lost and _ended_well(cell, liveness)
     return cell
@@ -496,10 +573,13 @@ def moments(n: int) -> list[str]:
     return [f"{(i + 0.5) / k:.2f}" for i in range(k)] + ["launched", "up", "up+0.25", "final", "final+0.1"]
 
 
-def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], success: bool) -> list[str]:
+def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], segments: SegmentWatch,
+               success: bool) -> list[str]:
     """What the job left behind a few seconds after mpiexec ended (killing leftover processes): the
     sentinel of a job whose ranks it never saw (killed as they started) waits a moment for late
-    ones before it removes the node folder, and its process id may be unknown here."""
+    ones before it removes the node folder, and its process id may be unknown here. A file of
+    MPI's shared memory the job's ranks used (``segments``, and those the ranks noted) that is
+    still there counts, and is removed (no process of the job is left to use it)."""
     pids = {f"rank {r}": p for r, p in procs.ranks.items()}
     if procs.proxy is not None:
         pids["hydra_pmi_proxy"] = procs.proxy
@@ -523,10 +603,19 @@ def _leftovers(procs: JobProcesses, log: Path, out: Path, finals: list[Path], su
     else:
         left += [f"file {p.name}" for p in finals if p.exists()]
     left += [f"partial {p.name}" for p in out.iterdir() if ".partial-" in p.name or p.name.endswith(".tmp")]
+    seen = segments.stop()
     for p in log.glob("shm-*") if log.is_dir() else []:
-        left += [f"shm {s}" for s in p.read_text().split("\n") if s and os.path.exists(s)]
+        seen |= {s for s in p.read_text().split("\n") if s}
+    for s in sorted(seen):
+        if os.path.exists(s):
+            left.append(f"shm {s}")
+            Path(s).unlink(missing_ok=True)
     if folder is not None and folder.exists():
-        left.append(f"node folder {folder.name}")
+        try:
+            inside = " ".join(sorted(os.listdir(folder)))
+        except OSError:
+            inside = ""
+        left.append(f"node folder {folder.name} ({inside})")
         shutil.rmtree(folder, ignore_errors=True)
     return left
 
@@ -652,7 +741,11 @@ def main() -> int:
     specs = sample_specs() if args.sample else full_specs(
         args.moments, split(args.jobs), split(args.targets), split(args.signals),
         split(args.when) if args.when else None, not args.no_injected)
+    from mpifc.runtime.sentinel import shared_memory_files
+
+    shm_before = set(shared_memory_files())
     cells = run_cells(specs, work, args.liveness, args.parallel)
+    strays = stray_segments(shm_before, cells)
     print(failed_table(cells))
     print(summary(cells, args.liveness))
     for c in cells:
@@ -663,6 +756,11 @@ def main() -> int:
         sent, completed = hydra_drops(sig)
         print(f"hydra alone (a plain mpi4py job, no mpifc): SIG{sig} to mpiexec once its daemon ran and before it "
               f"started a rank, {sent} times: the job completed with exit 0 {completed} times")
+    leaked = [s for c in cells for s in c.leftovers if s.startswith("shm ")]
+    print(f"/dev/shm: {len(leaked)} files of MPI's shared memory left by the cells' jobs (each a cell's leftover, "
+          f"removed), {len(strays)} more appeared during the run and stay, used by no process and by no cell's "
+          f"ranks as seen (a cell's job killed between making one and the next look, or another job on this "
+          f"machine; left in place){': ' + ', '.join(strays) if strays else ''}")
     bad = sum(1 for c in cells if failed(c))
     print(f"{len(cells)} cells, {sum(1 for c in cells if c.missed)} missed (the job had ended), "
           f"{sum(1 for c in cells if c.lost)} lost (hydra dropped the signal), {bad} failed; "
@@ -673,7 +771,7 @@ def main() -> int:
             w = csv.DictWriter(f, fieldnames=list(asdict(cells[0])))
             w.writeheader()
             for c in cells:
-                w.writerow({**asdict(c), "leftovers": "; ".join(c.leftovers)})
+                w.writerow({**asdict(c), "leftovers": "; ".join(c.leftovers), "segments": " ".join(c.segments)})
     return 0 if bad == 0 else 1
 
 

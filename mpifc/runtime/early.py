@@ -17,9 +17,10 @@ sentinel (:mod:`mpifc.runtime.sentinel`). So the command's first lines (:mod:`mp
   :func:`launcher_gone`): ``mpiexec`` has reported the failure, nobody reads this rank's output
   any more, and nothing of the job is this rank's to clean up yet;
 * finds the node folder (named after the launcher daemon the ranks descend from and its start
-  time), creates it if it is the node's first rank and starts the sentinel with
-  ``posix_spawn`` and ``setsid``, apart from the ranks' process group; then registers the rank
-  (``rank-R``: its process id).
+  time); the node's first rank starts the sentinel with ``posix_spawn`` and ``setsid``, apart
+  from the ranks' process group, and the sentinel makes the folder (:func:`meet`); then the
+  rank registers (``rank-R``: its process id), here if the folder is already there, else once
+  its imports are done (:meth:`mpifc.runtime.node.NodeView.join`).
 
 What remains unwatched is the interpreter's own start (before the command's first line runs)
 and the sentinel's (until its first look at the launcher's children): a rank killed there takes
@@ -214,19 +215,84 @@ def launcher_gone(environ=None) -> bool:
     return os.getppid() == 1
 
 
-def start_sentinel(folder: str, limit_s: float, local_ranks: int, launchers: list[tuple[str, int]]) -> int:
+CLAIM_ENV = "MPIFC_SENTINEL_CLAIM"
+"""Set for a sentinel started with the node's claim (:func:`meet`): the descriptor it holds it on."""
+CLAIM_FD = 3
+
+
+def start_sentinel(folder: str, limit_s: float, local_ranks: int, launchers: list[tuple[str, int]],
+                   claim: int | None = None) -> int:
     """Start the node sentinel on ``folder`` with ``setsid``, apart from the ranks' process group
     (the launcher's kill of the ranks must not reach it), with this rank's standard error (call
-    :func:`keep_descriptors` first); returns its process id."""
+    :func:`keep_descriptors` first); returns its process id. ``claim``: the descriptor of the
+    node's claim (:func:`meet`), which the sentinel holds for its life and makes the folder."""
     import sys
 
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py")
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+    env = os.environ
+    if claim is not None:
+        actions.append((os.POSIX_SPAWN_DUP2, claim, CLAIM_FD))
+        env = {**os.environ, CLAIM_ENV: str(CLAIM_FD)}
     return os.posix_spawn(
         sys.executable, [sys.executable, "-I", "-S", script, folder, repr(float(limit_s)), str(local_ranks),
                          *(f"{name}:{pid}" for name, pid in launchers)],
-        os.environ, setsid=True, setsigmask=set(),
-        file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                      (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+        env, setsid=True, setsigmask=set(), file_actions=actions)
+
+
+def _claim(folder: str):
+    """The node's claim: the right to start its sentinel, an abstract Unix socket named after
+    ``folder`` (Linux), bound by one process at a time and gone with the last process that holds
+    it, so a rank killed while it claims leaves nothing behind. The socket if this process got
+    it, None if another process holds it, ``False`` where there are no abstract sockets."""
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.bind("\0" + folder)
+    except OSError as e:
+        sock.close()
+        import errno
+
+        return None if e.errno == errno.EADDRINUSE else False
+    return sock
+
+
+def meet(folder: str, limit_s: float, local_ranks: int, launchers: list[tuple[str, int]],
+         wait_s: float = 0.0) -> bool:
+    """See that the node folder exists with a sentinel on it: the first rank to get the node's
+    claim (:func:`_claim`) starts the sentinel, which makes the folder; the others wait for it (at
+    most ``wait_s``). True once the folder exists.
+
+    The folder never exists without a sentinel: a rank killed between making it and starting the
+    sentinel (the launcher kills the ranks of a node together, within milliseconds) would leave
+    it behind with nobody to remove it. A claim whose holder is killed, or a sentinel killed
+    before it made the folder, lets the next rank try again."""
+    import time
+
+    until = time.monotonic() + wait_s
+    pause = 0.001
+    while not os.path.isdir(folder):
+        got = _claim(folder)
+        if got is False:  # no abstract sockets: make the folder and start the sentinel at once
+            try:
+                os.mkdir(folder, 0o700)
+                _started["sentinel"] = start_sentinel(folder, limit_s, local_ranks, launchers)
+            except FileExistsError:
+                pass
+            continue
+        if got is not None:
+            keep_descriptors()
+            try:
+                _started["sentinel"] = start_sentinel(folder, limit_s, local_ranks, launchers, got.fileno())
+            finally:
+                got.close()
+        if time.monotonic() >= until:
+            return os.path.isdir(folder)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.02)
+    return True
 
 
 def take(argv: list[str], default_limit_s: float) -> str | None:
@@ -252,14 +318,9 @@ def take(argv: list[str], default_limit_s: float) -> str | None:
     limit = liveness_in(argv, default_limit_s)
     chain = launcher_chain(launcher[0])
     keep_descriptors()
-    try:  # the folder's first rank starts the sentinel at once: a folder nobody watches stays behind
-        os.mkdir(folder, 0o700)
-        _started["sentinel"] = start_sentinel(folder, limit, local, chain)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    try:
+    try:  # the node's first rank starts the sentinel, which makes the folder; the rank goes on meanwhile
+        if not meet(folder, limit, local, chain):
+            return folder  # registers once the folder is there (mpifc.runtime.node.NodeView.join)
         write_atomic(os.path.join(folder, f"rank-{rank}"), str(os.getpid()))
     except OSError:
         return None

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -63,7 +62,6 @@ class NodeView:
         self.limit = limit_s
         self.local_ranks = local_ranks
         self.period = min(max(limit_s / 6.0, 0.02), 1.0)
-        self.sentinel: subprocess.Popen | None = None
         self.sentinel_pid: int | None = None  # the sentinel this rank started, if any
         self._stop_beacon = threading.Event()
         self._stages = 0
@@ -83,18 +81,14 @@ class NodeView:
             return None
         pid, _ = launcher
         folder = Path(node_folder(launcher))
-        try:
-            folder.mkdir(mode=0o700)
-            first = True
-        except FileExistsError:
-            first = False
+        try:  # the sentinel makes the folder (started by the node's first rank, here or as the command began)
+            if not early.meet(str(folder), limit_s, local, launcher_chain(pid), wait_s=max(3.0 * limit_s, 30.0)):
+                return None
         except OSError:
             return None
         view = cls(folder, rank, limit_s, local)
-        view.sentinel_pid = early.sentinel_started()  # started as the command began (mpifc.runtime.early)
+        view.sentinel_pid = early.sentinel_started()  # started by this rank, if any (mpifc.runtime.early)
         try:
-            if first:
-                view._start_sentinel(launcher_chain(pid))
             view.begin_job(limit_s)
             _write_atomic(view._me, str(os.getpid()))
         except OSError:
@@ -117,16 +111,6 @@ class NodeView:
             self._stop_beacon.clear()
             self._beacon_thread = threading.Thread(target=self._beacon, name="mpifc-node-beacon", daemon=True)
             self._beacon_thread.start()
-
-    def _start_sentinel(self, launchers: list[tuple[str, int]]) -> None:
-        script = Path(__file__).with_name("sentinel.py")
-        # A process group of its own: the launcher's kill of the ranks' process groups must not reach
-        # it. Standard error is the rank's, so its lines reach the user through the launcher.
-        self.sentinel = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(script), str(self.folder), repr(self.limit), str(self.local_ranks),
-             *(f"{name}:{pid}" for name, pid in launchers)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-        self.sentinel_pid = self.sentinel.pid
 
     def _beacon(self) -> None:
         while not self._stop_beacon.wait(self.period):
@@ -217,20 +201,14 @@ class NodeView:
             pass
 
     def note_shared_memory(self) -> list[str]:
-        """Record the files in ``/dev/shm`` this process maps (MPI's shared-memory segment), so
-        the sentinel removes them once the ranks are gone: a job that does not reach
-        ``MPI_Finalize`` leaves them otherwise. Returns them."""
-        found = []
-        try:
-            with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    path = line.rstrip("\n").partition("/dev/shm/")
-                    if path[1] and "/" not in path[2] and not path[2].endswith(" (deleted)"):
-                        name = "/dev/shm/" + path[2]
-                        if name not in found:
-                            found.append(name)
-        except OSError:
-            return []
+        """Record the files of MPI's shared memory in ``/dev/shm`` this process maps, so the
+        sentinel removes them once the ranks are gone: a job that does not reach
+        ``MPI_Finalize`` leaves them otherwise. Returns them. (The sentinel also looks for them
+        itself while the ranks are inside ``MPI_Init``, and removes what no process uses any more
+        if the job fails: see :mod:`mpifc.runtime.sentinel`.)"""
+        from mpifc.runtime.sentinel import shared_memory_of
+
+        found = sorted(shared_memory_of(os.getpid()))
         if found:
             try:
                 _write_atomic(self.folder / f"shm-{self.rank}", "\n".join(found))
@@ -242,8 +220,6 @@ class NodeView:
         """Whether the node's sentinel has ended (killed): the ranks then clean up themselves."""
         from mpifc.runtime.sentinel import gone
 
-        if self.sentinel is not None:
-            return self.sentinel.poll() is not None
         pid = self.sentinel_pid
         try:
             pid = pid if pid is not None else int((self.folder / "sentinel.pid").read_text())
@@ -353,10 +329,12 @@ class NodeView:
             records = list(self.folder.glob("shm-*"))
         except OSError:  # another rank of the node removed the folder first: nothing is left
             return
+        from mpifc.runtime.sentinel import shm_segment
+
         for rec in records:
             try:
                 for seg in rec.read_text().split("\n"):
-                    if seg.startswith("/dev/shm/"):
+                    if shm_segment(seg):
                         Path(seg).unlink(missing_ok=True)
             except OSError:
                 pass

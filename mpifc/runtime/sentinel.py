@@ -52,6 +52,8 @@ sentinel starts, appending), which is where the user reads the job's output.
 
 Run as ``python -I -S sentinel.py FOLDER LIMIT_S LOCAL_RANKS [NAME:PID ...]``, one ``NAME:PID``
 per launcher process to watch (the per-node daemon first, then ``mpiexec`` if it runs here).
+With ``MPIFC_SENTINEL_CLAIM`` set, the node's claim is on descriptor 3 and this process makes
+the folder (:func:`mpifc.runtime.early.meet`).
 """
 from __future__ import annotations
 
@@ -196,6 +198,15 @@ def remove_temps(target: str) -> None:
                 pass
 
 
+def remove_files(paths) -> None:
+    """Remove the files ``paths`` (those already gone are skipped)."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def remove_committed(record: str) -> None:
     """Remove an output renamed into place (record: ``path<TAB>device<TAB>inode``) if the file
     at its path is still the one the job wrote."""
@@ -209,6 +220,88 @@ def remove_committed(record: str) -> None:
             os.unlink(path)
     except OSError:
         pass
+
+
+SHM_FOLDER = "/dev/shm"
+SHM_PREFIXES = ("mpich_", "ucx_shm_")
+"""How the files of MPI's shared memory in ``/dev/shm`` are named: MPICH's (``mpich_shm_*``,
+``mpich_vci_*``, created in ``MPI_Init`` and removed in ``MPI_Finalize``) and those of its UCX
+transport (removed as soon as every rank has mapped them). Only these are ever removed: a rank
+may map other files there that are not the job's (another program's shared memory)."""
+
+
+def shm_segment(path: str) -> str | None:
+    """``path`` if it names a file of MPI's shared memory still linked in ``/dev/shm``."""
+    head, _, name = path.partition(SHM_FOLDER + "/")
+    if head or "/" in name or not name.startswith(SHM_PREFIXES) or name.endswith(" (deleted)"):
+        return None
+    return path
+
+
+def shared_memory_of(pid: int) -> set[str]:
+    """The files of MPI's shared memory (:data:`SHM_PREFIXES`) that process ``pid`` holds open
+    or maps, still linked in ``/dev/shm``.
+
+    The descriptors are read before the maps: MPI opens a segment, maps it, then closes the
+    descriptor, so one held either way at the first read is seen by one of the two."""
+    found: set[str] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            seg = shm_segment(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        if seg:
+            found.add(seg)
+    text = _read(f"/proc/{pid}/maps") or ""
+    start = text.find(SHM_FOLDER + "/")
+    while start >= 0:
+        end = text.find("\n", start)
+        seg = shm_segment(text[start: end if end >= 0 else len(text)])
+        if seg:
+            found.add(seg)
+        start = text.find(SHM_FOLDER + "/", end) if end >= 0 else -1
+    return found
+
+
+def shared_memory_files(since: float = float("-inf")) -> dict[str, float]:
+    """``{path: ctime}`` of the files of MPI's shared memory in ``/dev/shm`` that belong to this
+    user and changed (were created, at the latest) at ``since`` (wall time) or later."""
+    import stat
+
+    out = {}
+    try:
+        names = os.listdir(SHM_FOLDER)
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith(SHM_PREFIXES):
+            continue
+        path = os.path.join(SHM_FOLDER, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_ctime >= since:
+            out[path] = st.st_ctime
+    return out
+
+
+def unheld(paths) -> list[str]:
+    """Those of ``paths`` (files of MPI's shared memory) that no process holds open or maps: every
+    process that made or used them is gone, so no running job can still need them."""
+    left = set(paths)
+    if not left:
+        return []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            left -= shared_memory_of(int(name))
+            if not left:
+                break
+    return sorted(left)
 
 
 def children(pid: int) -> list[int]:
@@ -293,6 +386,9 @@ class Sentinel:
         # never this slow; a rank missing after it will not come.
         self.start_grace = max(3.0 * limit_s, 30.0)
         self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.segments: set[str] = set()  # files of MPI's shared memory the ranks were seen to use
+        self._looked = 0
         self.watched: dict[int, Watched] = {}
         self.registered: set[int] = set()
         self.all_came = False  # every rank of the node registered ("watching" written)
@@ -613,10 +709,34 @@ class Sentinel:
                      f"{self.start_grace:g} s; ending the job")
             self.end_job()
 
+    def in_mpi_init(self) -> list[Watched]:
+        """The ranks inside ``MPI_Init`` (``ready``, not yet ``up``), while no file of MPI's shared
+        memory is known: MPICH makes its files there."""
+        if self.segments:
+            return []
+        return [w for r, w in sorted(self.watched.items())
+                if not w.ended and self.has(f"rank-{r}.ready") and not self.has(f"rank-{r}.up")]
+
+    def look_for_segments(self, ranks: list[Watched], most: int = 4) -> None:
+        """Read which files of MPI's shared memory ``ranks`` use (a few ranks a look, in turn: the
+        ranks of a node share them), so that they are removed if the job fails."""
+        if not ranks:
+            return
+        for i in range(min(most, len(ranks))):
+            self.segments |= shared_memory_of(ranks[(self._looked + i) % len(ranks)].pid)
+        self._looked += most
+
+    def stray_segments(self) -> set[str]:
+        """Files of MPI's shared memory made since this process started that no process uses any
+        more: the job's, where a rank was killed between making one and anyone's look at it (no
+        other job's: one that runs holds its files, open or mapped)."""
+        return set(unheld(shared_memory_files(since=self.started_wall - 1.0)))
+
     def cleanup(self) -> None:
         """After every rank is gone: a failed job's outputs (partial or renamed into place), MPI's
         shared memory files, then the folder."""
         failed = self.failed or any(not self.has(f"rank-{r}.end") for r in self.watched)
+        segments = set(self.segments)
         try:
             names = os.listdir(self.folder)
         except OSError:
@@ -634,16 +754,14 @@ class Sentinel:
             elif failed and name.startswith("temps-"):
                 remove_temps((_read(self.path(name)) or "").strip())
             elif name.startswith("shm-"):
-                for seg in (_read(self.path(name)) or "").split("\n"):
-                    if seg.startswith("/dev/shm/") and "/" not in seg[9:]:
-                        try:
-                            os.unlink(seg)
-                        except OSError:
-                            pass
+                segments |= {seg for seg in (_read(self.path(name)) or "").split("\n") if shm_segment(seg)}
             try:
                 os.unlink(self.path(name))
             except OSError:
                 pass
+        remove_files(segments)
+        if failed:  # after the known ones are gone: it looks at every process only when some file is
+            remove_files(self.stray_segments())  # left to judge (a job that ends well removes its own)
         for folder in sorted(folders, key=len, reverse=True):  # deepest first
             try:
                 os.rmdir(folder)
@@ -682,7 +800,9 @@ class Sentinel:
             self.scan()
             # Until every rank of the node has come, look for new ones often: the ranks wait for
             # that before they start MPI.
-            self.poll(self.period if self.all_came else POLL_MIN_S)
+            initializing = self.in_mpi_init()
+            self.look_for_segments(initializing)
+            self.poll(self.period if self.all_came and not initializing else POLL_MIN_S)
             if self.finished():
                 break
             if not self.watched and time.monotonic() - self.started > self.start_grace:
@@ -714,6 +834,13 @@ def main(argv: list[str]) -> int:
         name, _, pid = spec.rpartition(":")
         if pid.isdigit():
             launchers.append((name, int(pid)))
+    if os.environ.pop("MPIFC_SENTINEL_CLAIM", ""):
+        # Started with the node's claim (held on a descriptor for this process's life): make the
+        # folder, which from then on always has a sentinel to remove it (mpifc.runtime.early.meet).
+        try:
+            os.mkdir(folder, 0o700)
+        except OSError:
+            return 0  # there already (another sentinel's), or it cannot be made: nothing to watch
     # A rank may start this process with signals blocked for its own signal thread.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C on the terminal is for the ranks
