@@ -293,9 +293,13 @@ def _simulate_em(fc: Any, datas: list[Any], setting: str, iters: int, rows: int 
     check_em_supported(fc)
     shards = [{f: d.shard.x_train[:, j] for j, f in enumerate(d.shard.features)} for d in datas]
     if setting == "vertical" and rows:
+        from mpifc.circuit.privacy import MomentGuard
         from mpifc.federated.sampled_em import run_single_process
+        from mpifc.fedpc.train import client_rare_values
 
-        run_single_process(fc, {f: v for cols in shards for f, v in cols.items()}, iters, rows, seed, leaves=leaves)
+        guards = {c: MomentGuard(client_rare_values(d.shard)) for c, d in enumerate(datas)}
+        run_single_process(fc, {f: v for cols in shards for f, v in cols.items()}, iters, rows, seed, leaves=leaves,
+                           guards=guards)
         return
     for _ in range(iters):
         if setting == "vertical":

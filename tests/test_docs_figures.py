@@ -45,12 +45,13 @@ def test_every_benchmark_row_is_one_dated_run():
 
 def _sampled_em_kB() -> float:
     """The vertical class glue's default sampled EM with two clients and two classes on a table
-    large enough for the most clusters: the label owner's 2 class PCs and the other client's K
-    cluster PCs, each sending its values on the sampled rows once (every PC kept)."""
+    large enough for the most clusters: the label owner's 2 class PCs and the other client's
+    cluster PCs of all its column groups, each sending its values on the sampled rows once (every
+    PC kept)."""
     from mpifc.analysis.commcost import sampled_em_bytes
-    from mpifc.federated.defaults import CLASS_GLUE_EM_ITERS, CLASS_GLUE_EM_ROWS, default_clusters
+    from mpifc.federated.defaults import CLASS_GLUE_EM_ITERS, CLASS_GLUE_EM_ROWS, default_group_clusters
 
-    k = default_clusters(2, 2, False, "class", n_classes=2, n_rows=10**6)
+    k = sum(default_group_clusters([10**6] * 8, [0] * 8))
     return sampled_em_bytes(CLASS_GLUE_EM_ROWS, 0, 2 + k, CLASS_GLUE_EM_ITERS, stopped=False) / 1e3
 
 

@@ -195,6 +195,23 @@ class MomentGuard:
             return
         self.coincidences += int(sorted_member(bits, pats).sum())
         arr *= arr.dtype.type(1.0 + OFF_GRID[arr.dtype])
+        self._step_off(arr, bits, pats)
+
+    def move_off(self, arr: np.ndarray) -> None:
+        """Move, in place, the entries of a float32 or float64 array that equal one of the
+        values, each by as many units in the last place as take it off them (per-sample
+        log-likelihoods: a coincidence, not a moment, so nothing else moves)."""
+        if arr.dtype == np.float64:
+            bits, pats = arr.reshape(-1).view(np.uint64), self.u64
+        elif arr.dtype == np.float32:
+            bits, pats = arr.reshape(-1).view(np.uint32), self.u32
+        else:
+            return
+        self.coincidences += int(sorted_member(bits, pats).sum())
+        self._step_off(arr, bits, pats)
+
+    @staticmethod
+    def _step_off(arr: np.ndarray, bits: np.ndarray, pats: np.ndarray) -> None:
         flat = arr.reshape(-1)
         hit = np.flatnonzero(sorted_member(bits, pats))
         while hit.size:

@@ -26,7 +26,11 @@ Glue modes (single-owner part):
   :func:`mpifc.federated.defaults.default_glue`): a client splits the rows of each subspace whose
   owners all hold the target by the target's class instead of k-means (the class is each
   client's own knowledge, so nothing travels but counts per class); other single-owner subspaces
-  (vertical data: the clients without the target) are k-means clustered. The root has, per class
+  (vertical data: the clients without the target) are k-means clustered; under the adaptive
+  defaults, when one client lacks the target, its columns in groups
+  (:func:`mpifc.federated.defaults.class_glue_groups`), each group clustered on its own and
+  entering every class's product as one sum over its clusters (``FederationPlan.factorized``:
+  the groups independent given the class). Otherwise the root has, per class
   ``y`` and combination of those clusters, one product over the class-``y`` PCs of every
   class-split subspace (a shared subspace: their sum over its owners holding the class, by rows)
   and the clusters, weighted by the class's rows times the clusters' fractions. ``p(y | x)`` then
@@ -149,6 +153,9 @@ class FederationPlan:
     # "adaptive": hyperparameters the user did not set follow mpifc.federated.defaults (per PC);
     # "learner": every learner's own defaults
     defaults: str = "adaptive"
+    # class glue: the clustered subspaces are column groups of their clients, independent given
+    # the class (one sum per class and group at the root), instead of joined by combinations
+    factorized: bool = False
 
     def tasks_for(self, client: int) -> list[LeafTask]:
         return [t for t in self.tasks if t.client == client]
@@ -242,6 +249,10 @@ def cluster_rows(x: np.ndarray, k: int, seed: int, cards: Sequence[int] | None =
 
         onehot = [int(c) > 2 for c in cards]
         z = clustering_features(np.where(onehot, x, z), onehot, [int(c) for c in cards])
+    # no more clusters than distinct rows (a class-glue group of one column of a few values)
+    k = min(k, len(np.unique(z, axis=0)))
+    if k <= 1:
+        return np.zeros(n, dtype=np.int64)
     with single_native_thread():
         labels = kmeans_labels(z, k, 3, seed)
     # Ids by first appearance (compact, independent of k-means' numbering); a cluster of one row
@@ -738,6 +749,14 @@ class OnePassBuilder:
         if glue == "class":
             n_classes = self._check_class_glue(decls, meta, cats, target)
             holders = {d.index for d in decls if target in d.features}
+        # one client without the target (two-client vertical data): its columns in groups; with
+        # more, their joint clusters' combinations, which tie the clients to one another
+        # (y = a XOR c with a and c on two of them) where a product given the class cannot
+        factorized = (glue == "class" and self.defaults == "adaptive"
+                      and sum(1 for s in single if not set(s.owners) <= holders) == 1)
+        if factorized:
+            subs = self.group_subspaces(subs, holders)
+            single = [s for s in subs if not s.shared]
         if glue == "cooccurrence":
             if setting == "horizontal":
                 raise UserError("glue 'cooccurrence' needs vertical or hybrid data (aligned sample ids); "
@@ -750,6 +769,13 @@ class OnePassBuilder:
             return self._plan_fcdt(decls, features, meta, cats, by_index, target, setting, glue)
         tasks = []
         n_clustered = (sum(1 for s in single if not set(s.owners) <= holders) if glue == "class" else len(single))
+        if factorized:
+            from mpifc.federated.defaults import default_group_clusters
+
+            grouped = [s for s in single if not set(s.owners) <= holders]
+            ks = default_group_clusters([by_index[s.owners[0]].n_rows for s in grouped],
+                                        [self.distinct_values(s.features, meta, cats) for s in grouped])
+            group_k = {s.index: k for s, k in zip(grouped, ks)}
         for s in subs:
             for c in s.owners:
                 learner = self.learners.get(c, self.learner)
@@ -757,13 +783,16 @@ class OnePassBuilder:
                 if glue == "class" and set(s.owners) <= holders:
                     tasks.append(LeafTask(c, s.index, s.features, n_classes, seed, learner, by_class=True))
                     continue
-                k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target, glue, n_clustered,
-                                                         n_classes if glue == "class" else 2,
-                                                         int(by_index[c].n_rows))
+                if factorized and not s.shared:
+                    k = self.n_clusters if self.n_clusters is not None else group_k[s.index]
+                else:
+                    k = 0 if s.shared else self.clusters_of(s, len(decls), len(subs), target, glue, n_clustered,
+                                                             n_classes if glue == "class" else 2,
+                                                             int(by_index[c].n_rows))
                 if dp and k:
                     k = 1  # differential privacy: no k-means (a row's cluster depends on the others)
                 tasks.append(LeafTask(c, s.index, s.features, k, seed, learner))
-        if glue == "class":
+        if glue == "class" and not factorized:
             n_products = n_classes * int(np.prod([t.n_clusters for t in tasks if not t.by_class and t.n_clusters]))
             if n_products > 65536:
                 raise UserError(f"glue 'class': {n_products} products (classes x the clusters' combinations); "
@@ -775,7 +804,31 @@ class OnePassBuilder:
         return FederationPlan(features, meta, cats, subs, tasks, by_index, glue,
                               n_classes if glue == "class" else self.plan_clusters(k_max),
                               self.n_products, self.seed, target, setting, dict(self.hyperparameters),
-                              defaults=self.defaults)
+                              defaults=self.defaults, factorized=factorized)
+
+    @staticmethod
+    def distinct_values(features: Sequence[str], meta: dict[str, str], cats: dict[str, int]) -> int:
+        """How many value combinations ``features`` can take: the product of their categories
+        when every one is discrete with known categories, else 0 (unbounded)."""
+        n = 1
+        for f in features:
+            k = int(cats.get(f, 0) or 0)
+            if meta.get(f) == "real" or k < 1:
+                return 0
+            n *= k
+        return n
+
+    @staticmethod
+    def group_subspaces(subs: Sequence[Subspace], holders: set[int]) -> list[Subspace]:
+        """``subs`` with every single-owner subspace of a client without the target split into
+        its column groups (:func:`mpifc.federated.defaults.class_glue_groups`), renumbered in order."""
+        from mpifc.federated.defaults import class_glue_groups
+
+        out: list[Subspace] = []
+        for s in subs:
+            groups = [s.features] if s.shared or set(s.owners) <= holders else class_glue_groups(s.features)
+            out += [Subspace(len(out) + i, g, s.owners) for i, g in enumerate(groups)]
+        return out
 
     def resolve_glue(self, decls: Sequence[ClientDeclaration], target: str | None, setting: str) -> str:
         """The glue the plan uses: the user's, else the defaults' rule."""
@@ -985,6 +1038,10 @@ class OnePassBuilder:
                     if node is None:
                         raise UserError(f"glue 'class': no PC of class {k} for subspace {s.index} {list(s.features)}")
                     per_class.append(node)
+            if plan.factorized:  # each group a sum over its clusters, weighted by their rows (EM ties them)
+                children = tuple(per_class + plain + [add(SUM, list(cl), list(f)) for cl, f in zip(clusters, frac)])
+                products[children] = products.get(children, 0.0) + n_class
+                continue
             for combo in itertools.product(*[range(len(cl)) for cl in clusters]):
                 children = tuple(per_class + plain + [clusters[j][b] for j, b in enumerate(combo)])
                 w = n_class * float(np.prod([frac[j][b] for j, b in enumerate(combo)]))

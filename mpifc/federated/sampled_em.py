@@ -110,12 +110,17 @@ def pc_input(features: Sequence[str], cols: Columns) -> np.ndarray:
     return out
 
 
-def leaf_bundle(pcs: Sequence[tuple[Any, Sequence[str]]], cols: Columns) -> np.ndarray:
+def leaf_bundle(pcs: Sequence[tuple[Any, Sequence[str]]], cols: Columns, guard: Any | None = None) -> np.ndarray:
     """The float32 bundle of the PCs ``pcs`` (``(model, features)`` pairs) on ``cols``: their
-    log-values, PC after PC."""
+    log-values, PC after PC. ``guard``: the sending client's
+    :class:`~mpifc.circuit.privacy.MomentGuard`, which moves a value that happens to equal one
+    of the client's rare values (bit for bit in float32) by a unit in the last place."""
     if not pcs:
         return np.zeros(0, dtype=WIRE_DTYPE)
-    return on_the_wire(np.concatenate([_model_ll(model, pc_input(feats, cols)) for model, feats in pcs]))
+    out = on_the_wire(np.concatenate([_model_ll(model, pc_input(feats, cols)) for model, feats in pcs]))
+    if guard is not None:
+        guard.move_off(out)
+    return out
 
 
 def leaf_mstep(model: Any, features: Sequence[str], cols: Columns, flow: np.ndarray) -> None:
@@ -158,11 +163,12 @@ def should_stop(trace: list[float], tol: float | None) -> bool:
 
 def run_single_process(fc: FederatedCircuit, cols: Columns, iters: int, rows: int | None, seed: int,
                        tol: float | None = STOP_TOL, progress: Callable[[int, float], None] | None = None,
-                       leaves: bool = False) -> list[float]:
+                       leaves: bool = False, guards: dict[int, Any] | None = None) -> list[float]:
     """Sampled EM in one process, the arithmetic of the MPI job's (module doc) on ``cols``
     (every client's training columns, aligned rows): the same sample, the same float32 values
     and flows, the same stopping; ``leaves``: the PCs of the clients without the target move
-    too. Returns the sample's mean log-likelihood before each M-step."""
+    too; ``guards``: per client, the guard its values go through (:func:`leaf_bundle`). Returns
+    the sample's mean log-likelihood before each M-step."""
     from mpifc.federated.em import update_sums
 
     n = len(next(iter(cols.values())))
@@ -176,7 +182,7 @@ def run_single_process(fc: FederatedCircuit, cols: Columns, iters: int, rows: in
     for it in range(int(iters)):
         for c, ids in leaf_ids.items():
             if it == 0 or c not in fixed:
-                vals.update(split_bundle(leaf_bundle(pcs[c], sample), ids, m))
+                vals.update(split_bundle(leaf_bundle(pcs[c], sample, (guards or {}).get(c)), ids, m))
         ll, flows, stats = server_pass(fc, vals)
         trace.append(ll)
         if progress is not None:

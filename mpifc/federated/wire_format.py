@@ -427,6 +427,11 @@ def set_release_guard(guard: Any | None) -> None:
         _RELEASE_GUARD.append(guard)
 
 
+def release_guard() -> Any | None:
+    """This process's release guard (:func:`set_release_guard`), None when none is installed."""
+    return _RELEASE_GUARD[0] if _RELEASE_GUARD else None
+
+
 def model_to_bytes(model: Any) -> np.ndarray:
     """A leaf model as compact wire bytes ``(n_bytes,)`` uint8, written by its own ``save``
     into a :class:`WireGroup` (no pickle, no HDF5 file image).

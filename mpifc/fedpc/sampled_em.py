@@ -44,7 +44,7 @@ from mpifc.federated.sampled_em import (
     take_rows,
 )
 from mpifc.federated.structure import FederatedCircuit
-from mpifc.federated.wire_format import model_from_bytes, model_to_bytes
+from mpifc.federated.wire_format import model_from_bytes, model_to_bytes, release_guard
 from mpifc.fedpc import protocol as P
 
 def _leaf_ids(fc: FederatedCircuit, report: ClientReport) -> list[int]:
@@ -116,7 +116,7 @@ def client_sampled_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, repo
     pcs = [(r.model, r.features) for r in report.leaves]
     if not pcs:
         return
-    t.send(leaf_bundle(pcs, cols), 0, P.VALUES)
+    t.send(leaf_bundle(pcs, cols, release_guard()), 0, P.VALUES)
     if holds_target or not cfg.get("em_leaves"):
         return
     keys = list(range(len(pcs)))
@@ -127,7 +127,7 @@ def client_sampled_em(ctx: Any, cfg: dict[str, Any], index: int, data: Any, repo
         for (model, feats), flow in zip(pcs, split_bundle(flat, keys, m).values()):
             leaf_mstep(model, feats, cols, flow)
         if it + 1 < int(cfg["em_iters"]):
-            t.send(leaf_bundle(pcs, cols), 0, P.VALUES)
+            t.send(leaf_bundle(pcs, cols, release_guard()), 0, P.VALUES)
     for r in report.leaves:
         t.send(model_to_bytes(r.model), 0, P.MODEL)
 

@@ -90,10 +90,13 @@ def test_vertical_class_glue_makes_the_label_owner_and_the_others_independent_gi
         cols = [FEATURES.index(f) for f in feats]
         shards.append((ClientDeclaration(i, feats, ("discrete",) * len(feats), (2,) * len(feats), len(x),
                                          ids_digest(ids)), x[:, cols]))
-    fc = build_single_process(OnePassBuilder(n_clusters=None, glue="class", seed=0), shards, FEATURES, target="y",
-                              setting="vertical")
-    root = fc.nodes[fc.root]  # any weights of the class x cluster products, as EM may set them
-    root.weights = np.random.default_rng(0).dirichlet(np.ones(len(root.children)))
+    builder = OnePassBuilder(n_clusters=None, glue="class", seed=0)
+    fc_plan = builder.plan([d for d, _ in shards], FEATURES, "y", "vertical")
+    fc = build_single_process(builder, shards, FEATURES, target="y", setting="vertical")
+    rng = np.random.default_rng(0)  # any weights of the sums (classes, clusters), as EM may set them
+    for node in fc.nodes:
+        if node.op == SUM:
+            node.weights = rng.dirichlet(np.ones(len(node.children)))
     grid = all_binary(len(FEATURES))
     rows = {f: grid[:, j] for j, f in enumerate(FEATURES)}
     rows["y"] = np.full(len(grid), np.nan)
@@ -103,12 +106,17 @@ def test_vertical_class_glue_makes_the_label_owner_and_the_others_independent_gi
 
     full, own, other, prior = joint("abcd"), joint("ab"), joint("cd"), joint("")
     assert np.all(np.isfinite(full))
+    # the other client's columns are clustered in groups (one per column here), each group a sum
+    # per class over its own clusters: the groups too are independent given the class
+    assert sorted(t.features for t in fc_plan.tasks if t.client == 1) == [("c",), ("d",)]
+    groups = joint("c") + joint("d") - 2 * prior
     # the slack: a class PC's pseudo-count for the other class (1/(its rows + 2)), times how unlike
     # the classes' weights are; differences of whole nats would mean products of mismatched classes
     leak = max(float(np.exp(_model_ll(n.leaf.model, np.array([[np.nan, np.nan, 1.0 - n.leaf.cluster]]))[0]))
                for n in fc.leaves if n.leaf.client == 0)
     assert 0 < leak < 0.02
     assert np.max(np.abs(full + prior - own - other)) < 0.05 < 1 < min(np.ptp(own - prior), np.ptp(other - prior))
+    assert np.max(np.abs(other - prior - groups)) < 0.05
     # and the classes' prior is a distribution
     assert abs(np.exp(prior[0]).sum() - 1) < 1e-9
 

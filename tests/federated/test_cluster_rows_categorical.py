@@ -43,7 +43,9 @@ def test_the_clustered_client_encodes_its_categorical_columns_one_hot():
     def ids_of(other: np.ndarray) -> tuple[np.ndarray, int]:
         decls = [ClientDeclaration(0, ("a", "y"), ("real", "discrete"), (0, 2), n, ids),
                  ClientDeclaration(1, ("c", "d"), ("categorical", "real"), (CATS, 0), n, ids)]
-        plan = OnePassBuilder(n_clusters=3, glue="class", seed=4, learner="factorized").plan(
+        # the learner's defaults: one clustering of both columns (the adaptive defaults cluster
+        # each column on its own, one_pass.OnePassBuilder.group_subspaces)
+        plan = OnePassBuilder(n_clusters=3, glue="class", seed=4, learner="factorized", defaults="learner").plan(
             decls, ["a", "y", "c", "d"], "y", "vertical")
         task = [t for t in plan.tasks_for(1) if t.n_clusters > 0][0]
         return run_client_tasks(plan, 1, other, ("c", "d")).cluster_ids, task.seed
