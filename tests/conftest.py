@@ -36,7 +36,7 @@ def _seconds(path: Path) -> dict[str, float]:
     return {str(k): float(v) for k, v in table.items()} if isinstance(table, dict) else {}
 
 
-def pytest_collection_modifyitems(session, config, items):
+def pytest_collection_modifyitems(items):
     seconds = _seconds(TABLE)
     if not seconds:
         return
@@ -49,12 +49,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 _totals: dict[str, float] | None = None  # per file, on the process that reports (not on workers)
+_out: Path | None = None
 
 
 def pytest_configure(config):
-    global _totals
+    global _totals, _out
     if config.getoption("file_seconds") and not hasattr(config, "workerinput"):
-        _totals = defaultdict(float)
+        _totals, _out = defaultdict(float), Path(config.getoption("file_seconds"))
 
 
 def pytest_runtest_logreport(report):
@@ -62,11 +63,10 @@ def pytest_runtest_logreport(report):
         _totals[_file(report.nodeid)] += report.duration
 
 
-def pytest_sessionfinish(session):
-    if not _totals:
+def pytest_sessionfinish():
+    if not _totals or _out is None:
         return
     from mpifc.atomic import atomic_write_text
 
-    path = Path(session.config.getoption("file_seconds"))
-    table = {**_seconds(path), **{k: round(v, 1) for k, v in _totals.items()}}
-    atomic_write_text(path, json.dumps(dict(sorted(table.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+    table = {**_seconds(_out), **{k: round(v, 1) for k, v in _totals.items()}}
+    atomic_write_text(_out, json.dumps(dict(sorted(table.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
