@@ -55,12 +55,12 @@ def test_predict_proba_rows_sum_to_one_and_marginal_of_everything_is_the_likelih
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("what", QUESTIONS)
-def test_the_api_answers_as_mpifc_query_does(newcomer, answers, what):
+def test_the_api_answers_as_mpifc_query_does(newcomer, one_process_answers, what):
     import mpifc
 
     fc = mpifc.load(newcomer["model"])
     df = frame(newcomer["queries"])
-    with open(answers[what]["one"], newline="") as f:
+    with open(one_process_answers[what]["one"], newline="") as f:
         ans = list(csv.DictReader(f))
     if what in ("ll", "marginal"):
         api = fc.log_likelihood(df) if what == "ll" else fc.marginal(df, keep=["age", "city"])

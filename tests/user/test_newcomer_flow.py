@@ -53,14 +53,14 @@ def test_answers_do_not_depend_on_how_the_rows_are_chunked(newcomer, tmp_path, m
 
 
 @pytest.mark.mpi
-def test_answers_are_in_the_users_units_and_labels(newcomer, answers):
+def test_answers_are_in_the_users_units_and_labels(newcomer, one_process_answers):
     rows = read(newcomer["queries"])
-    pred = read(answers["predict"]["one"])
+    pred = read(one_process_answers["predict"]["one"])
     assert list(pred[0]) == ["row", "outcome", "p_no", "p_yes"]
     for p in pred:
         assert p["outcome"] in ("yes", "no")  # labels, not codes
         assert float(p["p_no"]) + float(p["p_yes"]) == pytest.approx(1.0, abs=1e-12)
-    mpe = read(answers["mpe"]["one"])
+    mpe = read(one_process_answers["mpe"]["one"])
     assert [m["row"] for m in mpe] == [str(i) for i in range(1, 41)]
     for given, done in zip(rows, mpe):
         assert done["city"] in CITIES and done["outcome"] in ("yes", "no")
