@@ -80,8 +80,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -270,6 +268,9 @@ def write_shards(source: ShardSource, out_dir: str | Path, overwrite: bool = Fal
     Returns:
         The manifest of the written directory.
     """
+    import shutil
+    import tempfile
+
     from mpifc.atomic import atomic_write_text, name_output, remove_empty_folders
 
     out = Path(out_dir).resolve()
@@ -510,18 +511,21 @@ def check_finite(x: np.ndarray, features: list[str], path: Path, name: str) -> N
                         f"finite (NaN marks a missing value; infinite values are refused)")
 
 
-def read_client(directory: str | Path, index: int, verify: bool = True) -> ClientShard:
+def read_client(directory: str | Path, index: int, verify: bool = True, manifest: Manifest | None = None
+                ) -> ClientShard:
     """Read client ``index``'s shard, checking it against the manifest.
 
     Args:
         directory: the shard directory.
         index: client index, ``0..n_clients-1``.
         verify: check the file's SHA-256 against the manifest first.
+        manifest: ``directory``'s manifest, if read already (:func:`load_manifest` checks every
+            client's entry, so a rank of a many-client job reads it once, not per call).
 
     Raises:
         UserError: no such client, a missing, corrupt or malformed file.
     """
-    m = load_manifest(directory)
+    m = load_manifest(directory) if manifest is None else manifest
     if not 0 <= index < m.n_clients:
         raise UserError(f"{m.directory / MANIFEST}: no client {index} (n_clients = "
                         f"{m.n_clients})")

@@ -25,7 +25,7 @@ import errno
 import io
 import os
 import re
-import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,6 +123,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     made = [p for p in path.absolute().parents if not p.exists()]  # deepest first
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # here: a training rank that writes nothing never imports it
+
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as e:
@@ -221,8 +223,10 @@ def write_problem(path: str | os.PathLike, folder: bool = False) -> str | None:
     if not base.is_dir():
         return f"{base} is a file, not a folder"
     try:
-        fd, probe = tempfile.mkstemp(prefix=".mpifc-probe-", dir=base)
-        os.close(fd)
+        # A name of this process's own (every rank of a job may probe the same folder at once),
+        # created exclusively: no module of temporary names is imported on a rank for it.
+        probe = base / f".mpifc-probe-{os.getpid()}-{time.monotonic_ns()}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         os.unlink(probe)
     except OSError as e:
         return f"cannot create files in {base} ({e.strerror or e})"

@@ -37,14 +37,16 @@ def declared_meta_types(directory: Path, manifest: Manifest, index: int) -> list
     return [str(t) for t in types]
 
 
-def read_client_data(directory: str | Path, index: int) -> ClientData:
+def read_client_data(directory: str | Path, index: int, manifest: Manifest | None = None) -> ClientData:
     """Read client ``index``'s shard (only its own file) and build its declaration.
+
+    ``manifest``: ``directory``'s manifest, if read already (it is then not read again).
 
     Raises:
         UserError: a bad shard, or a client with zero training rows (naming it and its file).
     """
-    m = load_manifest(directory)
-    shard = read_client(directory, index)
+    m = load_manifest(directory) if manifest is None else manifest
+    shard = read_client(directory, index, manifest=m)
     if shard.x_train.shape[0] == 0:
         raise UserError(f"client {index} ({Path(directory) / m.clients[index]['file']}) has zero training rows")
     meta = declared_meta_types(Path(directory), m, index)

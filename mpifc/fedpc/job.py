@@ -30,11 +30,19 @@ def _train_job(ctx: Any, manifest: Any = None) -> int:
 
     cfg = ctx.config
     m = load_manifest(cfg["dir"]) if manifest is None else manifest
-    audit = _install_audit(ctx, cfg, m, train=True)
-    if audit is None:
-        audit = _install_model_check(ctx, cfg, m)
-    summary = train_rank(ctx, cfg, m)
-    _finish_audit(ctx, cfg, audit)
+    audits: list[Any] = []
+
+    def install(shard: Any = None) -> None:
+        audit = _install_audit(ctx, cfg, m, train=True, shard=shard)
+        audits.append(audit if audit is not None else _install_model_check(ctx, cfg, m, shard=shard))
+
+    # A client rank reads its shard once: its audit is installed as soon as it has read it, before
+    # it sends anything; every other rank's at once.
+    client = ctx.rank in _client_of(cfg, m)
+    if not client:
+        install()
+    summary = train_rank(ctx, cfg, m, on_read=install if client else None)
+    _finish_audit(ctx, cfg, audits[0] if audits else None)
     if summary is not None:
         cfg["_summary"] = summary
     return 0
@@ -250,11 +258,20 @@ def evaluate(cfg: dict[str, Any], *, deadline: float | None = None, ledger: str 
 
 
 # -- audit ---------------------------------------------------------------------------------------
-def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) -> Any:
+def _client_of(cfg: dict[str, Any], manifest: Any) -> dict[int, int]:
+    """The training job's client index of each client rank."""
+    from mpifc.federated.assign import client_rank_map
+
+    n_servers = int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0
+    return {r: c for c, r in client_rank_map(range(manifest.n_clients), n_servers).items()}
+
+
+def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool, shard: Any = None) -> Any:
+    """``--audit``: this rank's :class:`~mpifc.fedpc.audit.SendAudit` on its transport (None
+    without it). ``shard``: a client rank's own shard, if read already."""
     if not cfg.get("audit"):
         return None
     from data_prep.shards import read_client
-    from mpifc.federated.assign import client_rank_map
     from mpifc.fedpc import protocol as P
     from mpifc.fedpc.audit import SendAudit
 
@@ -269,19 +286,18 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
     else:
         why = "a query pass carries one value per query row"
         allowed = {k.name: why for k in (P.VALUES, P.MAX_VALUES, P.DECISIONS, P.ANSWER, P.EVIDENCE)}
-    n_servers = int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0
     if not train:
         from mpifc.federated.serialize import load_fc
 
-        ranks = {c.index: c.rank for c in load_fc(cfg["model"], load_models=False).clients.values()}
+        client_of = {c.rank: c.index for c in load_fc(cfg["model"], load_models=False).clients.values()}
     else:
-        ranks = client_rank_map(range(manifest.n_clients), n_servers)
-    client_of = {r: c for c, r in ranks.items()}
+        client_of = _client_of(cfg, manifest)
     who = f"client {client_of[ctx.rank]} (rank {ctx.rank})" if ctx.rank in client_of else f"rank {ctx.rank}"
     audit = SendAudit(ctx.rank, allowed, findings=cfg.get("audit_findings") or "fail", directory=cfg["audit"],
                       who=who)
     if ctx.rank in client_of:
-        shard = read_client(cfg["dir"], client_of[ctx.rank])
+        if shard is None:
+            shard = read_client(cfg["dir"], client_of[ctx.rank], manifest=manifest)
         real = [m == "real" for m in shard.meta_types]
         for rows, what in ((shard.x_train, "train"), (shard.x_valid, "valid"), (shard.x_test, "test")):
             audit.protect(rows, what, real=real, names=list(shard.features))
@@ -289,22 +305,22 @@ def _install_audit(ctx: Any, cfg: dict[str, Any], manifest: Any, train: bool) ->
     return audit
 
 
-def _install_model_check(ctx: Any, cfg: dict[str, Any], manifest: Any) -> Any:
+def _install_model_check(ctx: Any, cfg: dict[str, Any], manifest: Any, shard: Any = None) -> Any:
     """Without ``--audit``: the audit of the models a training client sends (``fc.train.model``,
     ``fc.em.leaf``), no record written. It costs a search of a few kilobytes per PC (the
     per-sample values of EM, megabytes, are left to ``--audit``); a finding fails the job, or,
-    with ``--audit-findings record``, is sent and the model's meta says so."""
+    with ``--audit-findings record``, is sent and the model's meta says so. ``shard``: the
+    client's own shard, if read already."""
     from data_prep.shards import read_client
-    from mpifc.federated.assign import client_rank_map
     from mpifc.fedpc.audit import SendAudit
 
-    n_servers = int(cfg.get("servers") or 0) if cfg.get("assign") == "tree" else 0
-    client_of = {r: c for c, r in client_rank_map(range(manifest.n_clients), n_servers).items()}
+    client_of = _client_of(cfg, manifest)
     if ctx.rank not in client_of:
         return None
     audit = SendAudit(ctx.rank, findings=cfg.get("audit_findings") or "fail",
                       who=f"client {client_of[ctx.rank]} (rank {ctx.rank})", payloads={"model_parameters"})
-    shard = read_client(cfg["dir"], client_of[ctx.rank])
+    if shard is None:
+        shard = read_client(cfg["dir"], client_of[ctx.rank], manifest=manifest)
     real = [m == "real" for m in shard.meta_types]
     for rows, what in ((shard.x_train, "train"), (shard.x_valid, "valid"), (shard.x_test, "test")):
         audit.protect(rows, what, real=real, names=list(shard.features))

@@ -93,8 +93,11 @@ def builder_from_config(cfg: dict[str, Any]) -> OnePassBuilder:
                           hyperparameters=hp, defaults=cfg.get("defaults") or "adaptive")
 
 
-def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] | None:
+def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any, on_read: Any = None) -> dict[str, Any] | None:
     """Run this rank's part of training; returns the summary dict on rank 0, else ``None``.
+
+    ``on_read``: called on a client rank with its own shard once read, before the rank sends
+    anything (the job installs its send audit there, so the shard is read once).
 
     Every rank computes on the CPU unless a learner it runs computes on torch: then on its
     device (``ctx.device``, resolved only then). What each rank computed on is gathered at the
@@ -104,7 +107,7 @@ def train_rank(ctx: Any, cfg: dict[str, Any], manifest: Any) -> dict[str, Any] |
     ranks = client_rank_map(range(manifest.n_clients), n_servers)
     client_of = {r: c for c, r in ranks.items()}
     if ctx.rank in client_of:
-        _client(ctx, cfg, client_of[ctx.rank])
+        _client(ctx, cfg, client_of[ctx.rank], manifest, on_read)
         return None
     if ctx.rank == 0:
         return _server(ctx, cfg, manifest, ranks, n_servers)
@@ -210,7 +213,7 @@ def fit_client(plan: FederationPlan, index: int, data: ClientData, device: str |
                             device=device)
 
 
-def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
+def _client(ctx: Any, cfg: dict[str, Any], index: int, manifest: Any = None, on_read: Any = None) -> None:
     from mpifc.circuit.privacy import MomentGuard
     from mpifc.federated.wire_format import set_release_guard
 
@@ -219,9 +222,11 @@ def _client(ctx: Any, cfg: dict[str, Any], index: int) -> None:
     ctx.ledger.set_phase("declare")
     ctx.enter("read")
     with _clock(times, walls, "read"):
-        data = read_client_data(cfg["dir"], index)
+        data = read_client_data(cfg["dir"], index, manifest)
         # every PC this rank sends: its Gaussian moments off the grid of values (k-rows rule)
         guard = MomentGuard(client_rare_values(data.shard))
+    if on_read is not None:
+        on_read(data.shard)
     set_release_guard(guard)
     try:
         _client_job(ctx, cfg, index, data, times, walls)

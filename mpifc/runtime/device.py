@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from typing import Any
 
 from mpifc.errors import UserError
@@ -100,7 +99,7 @@ def select_device(local_rank: int, override: str | None = None) -> Any:
         return torch.device(f"cuda:{local_rank % n}") if n else torch.device("cpu")
     problem = device_problem(local_rank, value)
     if problem:
-        raise UserError(f"--device {value!r} on host {socket.gethostname()}: {problem}")
+        raise UserError(f"--device {value!r} on host {_host()}: {problem}")
     index = local_rank % n if value == "cuda" else int(value.split(":", 1)[1])
     return torch.device(f"cuda:{index}")
 
@@ -128,7 +127,7 @@ def _ram_bytes() -> int | None:
 def cpu_facts() -> dict[str, Any]:
     """The CPU as a device: name, memory (bytes) and cores, without torch."""
     return {"device": "cpu", "name": _cpu_name(), "memory_bytes": _ram_bytes(), "cores": os.cpu_count(),
-            "host": socket.gethostname()}
+            "host": _host()}
 
 
 def device_facts(device: Any) -> dict[str, Any]:
@@ -142,7 +141,7 @@ def device_facts(device: Any) -> dict[str, Any]:
     dev = torch.device(name)
     props = torch.cuda.get_device_properties(dev)
     return {"device": name, "name": props.name, "memory_bytes": int(props.total_memory),
-            "peak_bytes": int(torch.cuda.max_memory_allocated(dev)), "host": socket.gethostname()}
+            "peak_bytes": int(torch.cuda.max_memory_allocated(dev)), "host": _host()}
 
 
 def describe_devices(devices: dict[str, dict[str, Any]] | None) -> str:
@@ -174,3 +173,10 @@ def _ranges(ranks: list[int]) -> str:
             out.append(str(start) if start == prev else f"{start}-{prev}")
             start = nxt
     return ",".join(out)
+
+
+def _host() -> str:
+    """This node's host name (the socket module is imported only when one is asked for)."""
+    import socket
+
+    return socket.gethostname()

@@ -17,7 +17,6 @@ recording a message is one ``struct.pack_into`` into that buffer, no Python obje
 """
 from __future__ import annotations
 
-import csv
 import io
 import struct
 from dataclasses import dataclass
@@ -238,6 +237,8 @@ class LedgerTable:
     def to_csv_text(self) -> str:
         """LEAF-style CSV: one row per message, kinds and phases by name."""
         buf = io.StringIO()
+        import csv
+
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(CSV_COLUMNS)
         kinds = self.kind_names()
@@ -307,6 +308,8 @@ class LedgerSummary:
         """One CSV: ``group,key,messages,payload_bytes,header_bytes,total_bytes`` with ``group`` in
         ``link`` (key ``src->dst``), ``phase``, ``kind``."""
         buf = io.StringIO()
+        import csv
+
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(("group", "key", "messages", "payload_bytes", "header_bytes", "total_bytes"))
         for d in self.per_link:
