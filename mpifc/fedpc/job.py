@@ -33,6 +33,12 @@ def _train_job(ctx: Any, manifest: Any = None) -> int:
     audits: list[Any] = []
 
     def install(shard: Any = None) -> None:
+        if shard is not None:
+            # the rows as read, whatever the job does to its own arrays afterwards
+            from dataclasses import replace
+
+            shard = replace(shard, x_train=shard.x_train.copy(), x_valid=shard.x_valid.copy(),
+                            x_test=shard.x_test.copy())
         audit = _install_audit(ctx, cfg, m, train=True, shard=shard)
         audits.append(audit if audit is not None else _install_model_check(ctx, cfg, m, shard=shard))
 
