@@ -97,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with open(sweep / "cells.csv", newline="") as f:
         cell = next(r for r in csv.DictReader(f) if r.get("setting") == "weak")
+    if not cell.get("wall_seconds"):
+        # the training job failed: its error (the launcher's, with the job's stderr tail), no ratio
+        print(f"{a.ranks} ranks: the training job failed (load average {load0:.1f} -> {load1:.1f}; floor "
+              f"{floors[0]:.1f} s before, {floors[1]:.1f} s after): {cell.get('error') or cell.get('status')}")
+        if tmp is not None:
+            tmp.cleanup()
+        return 1
     wall, rss = float(cell["wall_seconds"]), float(cell["peak_rss_mb_max"] or "nan")
     reports = sorted((out / "shards").glob("runs/*/rank-reports"))
     newest = max(reports, key=lambda d: d.stat().st_mtime) if reports else None
