@@ -9,8 +9,9 @@ A client's circuits are what it sends, so what they are fitted on decides what t
   statistic of at least ``k`` rows, in which no row weighs more than ``1 / k``.
 * :func:`off_value_edges`: the bin edges of a real column's histogram lie on no value of the
   column: the range's ends move out into the gaps beside the smallest and largest value, by a
-  golden-section share of each gap, and the edges between follow, so that on a column of
-  integer-like values (a lattice) no edge falls on a value some other row holds either.
+  golden-section share of the lower gap and a share ``sqrt(2) - 1`` of the upper one, and the
+  edges between follow, so that on a column of integer-like values (a lattice) no edge falls on
+  a value some other row holds either, the rows of a small cluster's histogram included.
 
 :func:`rare_values` and :func:`find_values` are how that is checked: the values of a table that
 fewer than ``k`` rows hold, and where their float64 or float32 encodings occur in a message's
@@ -41,8 +42,15 @@ MIN_LEAF_ROWS = 5
 rows that must hold a value before it may stand in a message or model file."""
 
 GOLDEN_SHARE = (3.0 - math.sqrt(5.0)) / 2.0
-"""Share of a gap (~0.382) by which a histogram's range reaches past its end values: an
-irrational share, so no edge of a lattice-valued column lands on the lattice."""
+"""Share of the lower end's gap (~0.382) by which a histogram's range reaches below its smallest
+value: an irrational share, so no edge of a lattice-valued column lands on the lattice."""
+
+UPPER_SHARE = math.sqrt(2.0) - 1.0
+"""Share of the upper end's gap (~0.414) by which a histogram's range reaches past its largest
+value. It differs from :data:`GOLDEN_SHARE` irrationally (1, sqrt 5 and sqrt 2 are independent
+over the rationals): with one share at both ends, equal end gaps cancel and the middle edge of
+an even number of bins falls on ``(min + max) / 2``, a point of the lattice whenever the two
+ends are an even number of steps apart."""
 
 
 def off_value_edges(edges: np.ndarray, column: np.ndarray) -> np.ndarray:
@@ -50,9 +58,10 @@ def off_value_edges(edges: np.ndarray, column: np.ndarray) -> np.ndarray:
 
     ``edges`` are the auto rule's (LearnSPN's ``_padded_edges``): a body from the column's
     minimum to just past its maximum (``edges[1]`` .. ``edges[-2]``) and one padding bin on each
-    side. They are mapped affinely onto a body from ``u0 - g (u1 - u0)`` to ``um + g (um - um1)``
+    side. They are mapped affinely onto a body from ``u0 - g (u1 - u0)`` to ``um + h (um - um1)``
     (``u0 < u1`` the two smallest distinct values, ``um1 < um`` the two largest, ``g`` =
-    :data:`GOLDEN_SHARE`): the same bins, stretched by a fraction of the end gaps, so that no
+    :data:`GOLDEN_SHARE`, ``h`` = :data:`UPPER_SHARE`): the same bins, stretched by a fraction of
+    the end gaps, so that no
     edge equals the minimum or the maximum and, on a lattice of values, none equals a value of
     the lattice. Every value of ``column`` stays inside the body. A column of one value (edges
     half a unit and one unit around it) is returned as it is.
@@ -64,7 +73,7 @@ def off_value_edges(edges: np.ndarray, column: np.ndarray) -> np.ndarray:
         return br.copy()
     lo, hi = float(values[0]), float(values[-1])
     new_lo = lo - GOLDEN_SHARE * (float(values[1]) - lo)
-    new_hi = hi + GOLDEN_SHARE * (hi - float(values[-2]))
+    new_hi = hi + UPPER_SHARE * (hi - float(values[-2]))
     scale = (new_hi - new_lo) / (hi - lo)
     out = new_lo + (br - lo) * scale
     if not np.all(np.diff(out) > 0):

@@ -50,6 +50,13 @@ def test_histogram_edges_lie_on_no_value_and_keep_every_value_inside():
         lattice = (np.arange(raw.min() - 50, raw.max() + 50, 0.01 if raw.max() < 17 else 1.0) - raw.mean()) / raw.std()
         assert not np.isin(edges, col).any() and not np.isin(edges, lattice).any()
         assert np.all(np.diff(edges) > 0) and edges[1] < col.min() and col.max() < edges[-2]
+    # a small cluster's rows of such a column (a one-column group of the class glue): its edges
+    # miss the whole column's lattice too, equal end gaps included (their shares differ)
+    lattice = (np.arange(-100, 200) - 7.3) / 3.1
+    for _ in range(500):
+        rows = (np.sort(rng.choice(60, rng.integers(6, 25))) - 7.3) / 3.1
+        if np.unique(rows).size >= 4:
+            assert not np.isin(off_value_edges(_global_breaks(rows, "real", 0), rows), lattice).any()
 
 
 def test_the_guard_moves_moments_off_the_grid_and_nothing_else():
