@@ -82,7 +82,7 @@ iterations on :data:`CLASS_GLUE_EM_ROWS` seeded aligned rows, every PC kept;
 :func:`default_refine`, :mod:`mpifc.federated.sampled_em`) learns how the classes and those
 clusters go together: without it the prediction would use the label owner's columns alone. Each
 client sends the float32 values of its PCs on the sample once (``4 * rows * PCs`` bytes: 57 kB
-for two classes and K = 4 on 2,048 rows, 541 kB for the groups' 64 clusters) and the server runs the iterations alone. Exact EM over
+for two classes and K = 4 on 2,048 rows, 541 kB for the groups' 64 clusters of a client of 640 rows or more) and the server runs the iterations alone. Exact EM over
 every row sends ``2 * 8 * rows * PCs`` bytes an iteration (13 MB for ten on 13,000 rows), and
 moving the clusters' PCs too (``--em-leaves``) sends values and flows every iteration and the
 PCs again at the end: on small tables that is several times the rest of the training traffic,
@@ -284,6 +284,27 @@ CLASS_GLUE_GROUP_PCS = 64
 """The most cluster PCs all the groups of the class glue hold together: each costs the default
 sampled EM ``4 * CLASS_GLUE_EM_ROWS`` bytes (8 kB), so at most 512 kB in all."""
 
+CLASS_GLUE_ROWS_PER_GROUP_PC = 10
+"""All the groups together hold at most one cluster PC per this many rows of their client (and at
+most :data:`CLASS_GLUE_GROUP_PCS`; :func:`group_pc_budget`): each PC costs the sampled EM four
+bytes per sampled row, so on a small table (wine's 124 training rows: 12 PCs, 3 groups) the
+job's bytes stay a tenth of SplitNN's on the same rows."""
+
+
+def group_pc_budget(n_rows: int) -> int:
+    """The most cluster PCs the class glue's groups of a client of ``n_rows`` rows hold together:
+    one per :data:`CLASS_GLUE_ROWS_PER_GROUP_PC` rows, between :data:`CLASS_GLUE_CLUSTERS` and
+    :data:`CLASS_GLUE_GROUP_PCS`."""
+    return max(CLASS_GLUE_CLUSTERS, min(CLASS_GLUE_GROUP_PCS, int(n_rows) // CLASS_GLUE_ROWS_PER_GROUP_PC))
+
+
+def group_count(n_rows: int) -> int:
+    """How many column groups a client of ``n_rows`` rows is split into at most: :data:`CLASS_GLUE_GROUPS`,
+    fewer where its PC budget (:func:`group_pc_budget`) gives a group fewer than
+    :data:`CLASS_GLUE_CLUSTERS` clusters."""
+    return max(1, min(CLASS_GLUE_GROUPS, group_pc_budget(n_rows) // CLASS_GLUE_CLUSTERS))
+
+
 CLASS_GLUE_ROWS_PER_GROUP_CLUSTER = 10
 """A group's K grows by one per this many rows of its client, from :data:`CLASS_GLUE_CLUSTERS`
 up to :data:`CLASS_GLUE_MAX_CLUSTERS` (a group of one or a few columns needs fewer rows per
@@ -306,13 +327,14 @@ def default_group_clusters(n_rows: Sequence[int], distinct: Sequence[int]) -> li
     per :data:`CLASS_GLUE_ROWS_PER_GROUP_CLUSTER` of its client's ``n_rows``, between
     :data:`CLASS_GLUE_CLUSTERS` and :data:`CLASS_GLUE_MAX_CLUSTERS`, no more than the values
     the group's columns can take together (``distinct``, 0: unbounded), and, while all the
-    groups' K pass :data:`CLASS_GLUE_GROUP_PCS`, the largest (the last of equals) one fewer,
-    down to 2."""
+    groups' K pass the client's budget (:func:`group_pc_budget` of the fewest ``n_rows``), the
+    largest (the last of equals) one fewer, down to 2."""
     ks = []
     for n, d in zip(n_rows, distinct):
         k = min(max(CLASS_GLUE_CLUSTERS, int(n) // CLASS_GLUE_ROWS_PER_GROUP_CLUSTER), CLASS_GLUE_MAX_CLUSTERS)
         ks.append(max(1, min(k, int(d))) if int(d) > 0 else k)
-    while sum(ks) > CLASS_GLUE_GROUP_PCS and max(ks) > 2:
+    budget = group_pc_budget(min(int(n) for n in n_rows)) if len(ks) else CLASS_GLUE_GROUP_PCS
+    while sum(ks) > budget and max(ks) > 2:
         j = len(ks) - 1 - ks[::-1].index(max(ks))
         ks[j] -= 1
     return ks
@@ -421,7 +443,7 @@ RULE_HELP = (
     "horizontal data whose smallest client has fewer than 1,000 rows or whose target has more than 32 classes "
     "(the target's holders split their rows by class; on vertical data the other clients' subspaces "
     "are k-means clustered (categorical columns one-hot): one such client in column groups, one per column up to 8, "
-    "K = n/10 between 4 and 16 a group and 64 clusters in all, each group independent of the others given the class; "
+    "K = n/10 between 4 and 16 a group, at most n/10 and 64 clusters in all (fewer groups on few rows), each group independent of the others given the class; "
     "several, each whole, K = n/200 between 4 and 16; --refine em runs up to 100 iterations of sampled EM on the server over the "
     "values of every PC on 2,048 rows, sent once, --em-rows), "
     "else 'random'. Explicit flags and --hp keys "

@@ -755,7 +755,7 @@ class OnePassBuilder:
         factorized = (glue == "class" and self.defaults == "adaptive"
                       and sum(1 for s in single if not set(s.owners) <= holders) == 1)
         if factorized:
-            subs = self.group_subspaces(subs, holders)
+            subs = self.group_subspaces(subs, holders, {i: int(d.n_rows) for i, d in by_index.items()})
             single = [s for s in subs if not s.shared]
         if glue == "cooccurrence":
             if setting == "horizontal":
@@ -819,14 +819,20 @@ class OnePassBuilder:
         return n
 
     @staticmethod
-    def group_subspaces(subs: Sequence[Subspace], holders: set[int]) -> list[Subspace]:
+    def group_subspaces(subs: Sequence[Subspace], holders: set[int], n_rows: dict[int, int] | None = None) -> list[Subspace]:
         """``subs`` with every single-owner subspace of a client without the target split into
-        its column groups (:func:`mpifc.federated.defaults.class_glue_groups`), renumbered in order."""
-        from mpifc.federated.defaults import class_glue_groups
+        its column groups (:func:`mpifc.federated.defaults.class_glue_groups`; as many as its rows
+        allow, :func:`mpifc.federated.defaults.group_count`, ``n_rows`` per client index),
+        renumbered in order."""
+        from mpifc.federated.defaults import CLASS_GLUE_GROUPS, class_glue_groups, group_count
 
         out: list[Subspace] = []
         for s in subs:
-            groups = [s.features] if s.shared or set(s.owners) <= holders else class_glue_groups(s.features)
+            if s.shared or set(s.owners) <= holders:
+                groups = [s.features]
+            else:
+                rows = min(int((n_rows or {}).get(c, 0)) for c in s.owners) if n_rows else 0
+                groups = class_glue_groups(s.features, group_count(rows) if rows else CLASS_GLUE_GROUPS)
             out += [Subspace(len(out) + i, g, s.owners) for i, g in enumerate(groups)]
         return out
 

@@ -140,6 +140,21 @@ def test_defaults_choose_the_class_glue_for_classification():
     assert [default_clusters(c, c, False, "class", c - 1, 2) for c in (2, 3, 4, 5, 8)] == [4, 4, 4, 3, 2]
 
 
+def test_the_column_groups_hold_at_most_one_cluster_pc_per_ten_rows_of_their_client():
+    # each cluster PC costs sampled EM four bytes per sampled row: a small client gets fewer
+    # groups and clusters (wine's 124 training rows: 12 PCs in 3 groups), a large one 8 groups
+    # and at most 64 PCs; every group keeps at least 2 clusters
+    from mpifc.federated.defaults import (CLASS_GLUE_GROUP_PCS, class_glue_groups, default_group_clusters,
+                                          group_count, group_pc_budget)
+
+    columns = [f"c{i}" for i in range(13)]
+    for rows, n_groups, pcs in ((124, 3, 12), (398, 8, 39), (13_333, 8, CLASS_GLUE_GROUP_PCS), (30, 1, 4)):
+        groups = class_glue_groups(columns, group_count(rows))
+        ks = default_group_clusters([rows] * len(groups), [0] * len(groups))
+        assert len(groups) == n_groups and sorted(sum(groups, ())) == sorted(columns)
+        assert sum(ks) == group_pc_budget(rows) == pcs and min(ks) >= 2
+
+
 def test_class_glue_needs_a_classification_target():
     x = binary_table(100)
     shards = [(d, xi) for d, xi, _ in split(x, "hybrid")]
