@@ -196,20 +196,17 @@ class MomentGuard:
 
     def fix(self, arr: np.ndarray) -> None:
         """Move, in place, every entry of a float32 or float64 array."""
-        if arr.dtype == np.float64:
-            bits, pats = arr.reshape(-1).view(np.uint64), self.u64
-        elif arr.dtype == np.float32:
-            bits, pats = arr.reshape(-1).view(np.uint32), self.u32
-        else:
-            return
-        self.coincidences += int(sorted_member(bits, pats).sum())
-        arr *= arr.dtype.type(1.0 + OFF_GRID[arr.dtype])
-        self._step_off(arr, bits, pats)
+        self._move(arr, off_grid=True)
 
     def move_off(self, arr: np.ndarray) -> None:
         """Move, in place, the entries of a float32 or float64 array that equal one of the
         values, each by as many units in the last place as take it off them (per-sample
         log-likelihoods: a coincidence, not a moment, so nothing else moves)."""
+        self._move(arr, off_grid=False)
+
+    def _move(self, arr: np.ndarray, off_grid: bool) -> None:
+        """Count the entries equal to one of the values, move every entry off the grid if
+        ``off_grid``, then step any entry still equal to a value off it."""
         if arr.dtype == np.float64:
             bits, pats = arr.reshape(-1).view(np.uint64), self.u64
         elif arr.dtype == np.float32:
@@ -217,6 +214,8 @@ class MomentGuard:
         else:
             return
         self.coincidences += int(sorted_member(bits, pats).sum())
+        if off_grid:
+            arr *= arr.dtype.type(1.0 + OFF_GRID[arr.dtype])
         self._step_off(arr, bits, pats)
 
     @staticmethod
